@@ -1,0 +1,10 @@
+"""render-service: render OpenAI requests to token ids and derender generated ids, like vLLM 0.33."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from render_service.render import Renderer  # noqa: E402
+from render_service.settings import Settings  # noqa: E402
+
+__all__ = ["Renderer", "Settings", "__version__"]

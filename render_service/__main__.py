@@ -1,0 +1,3 @@
+from render_service.cli import main
+
+main()

@@ -1,0 +1,192 @@
+"""The HTTP layer: a Starlette app whose handlers decode, call one library function, encode."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from render_service import __version__
+from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
+from render_service.protocol._base import decode_body
+from render_service.protocol.chat import ChatCompletionRequest
+from render_service.protocol.completions import CompletionRequest
+from render_service.protocol.tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from render_service.render import Renderer
+
+log = logging.getLogger("render_service")
+T = TypeVar("T")
+
+_encoder = msgspec.json.Encoder()
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_tokenize_chat_decoder = msgspec.json.Decoder(TokenizeChatRequest)
+_tokenize_prompt_decoder = msgspec.json.Decoder(TokenizeCompletionRequest)
+_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+_GUARDED_PREFIXES = ("/v1", "/v2", "/inference")
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class MsgspecResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return _encoder.encode(content)
+
+
+def error_response(exc: RenderServiceError) -> Response:
+    body = {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": exc.status}}
+    return MsgspecResponse(body, status_code=exc.status)
+
+
+class Service:
+    """Request handlers bound to one Renderer and one worker pool."""
+
+    def __init__(self, renderer: Renderer, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.renderer = renderer
+        self.settings = renderer.settings
+        self.max_body_bytes = max_body_bytes
+        self.pool = ThreadPoolExecutor(
+            max_workers=max(1, self.settings.renderer_num_workers), thread_name_prefix="render"
+        )
+        key = self.settings.api_key
+        self._api_key_digest = hashlib.sha256(key.encode()).digest() if key else None
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """The one place CPU work leaves the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, partial(fn, *args, **kwargs))
+
+    async def body(self, request: Request) -> bytes:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise SchemaError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise BodyTooLarge(f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes).")
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise BodyTooLarge(f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes).")
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
+        return data
+
+    # ---- endpoints ------------------------------------------------------------------------
+
+    async def render_chat(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _chat_decoder)
+        result = await self.run(self.renderer.render_chat, body, request_id=request.headers.get("x-request-id"))
+        return MsgspecResponse(result)
+
+    async def render_completion(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _completion_decoder)
+        result = await self.run(self.renderer.render_completion, body, request_id=request.headers.get("x-request-id"))
+        return MsgspecResponse(result)
+
+    async def tokenize(self, request: Request) -> Response:
+        data = await self.body(request)
+        raw = decode_body(data, _any_decoder)
+        decoder = _tokenize_chat_decoder if isinstance(raw, dict) and "messages" in raw else _tokenize_prompt_decoder
+        body = decode_body(data, decoder)
+        return MsgspecResponse(await self.run(self.renderer.tokenize, body))
+
+    async def detokenize(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _detokenize_decoder)
+        return MsgspecResponse(await self.run(self.renderer.detokenize, body))
+
+    async def models(self, request: Request) -> Response:
+        info = self.renderer.model.info
+        card = {
+            "id": info.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": self.settings.model,
+            "parent": None,
+            "max_model_len": info.max_model_len,
+            "permission": [],
+        }
+        return MsgspecResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(self, request: Request) -> Response:
+        return MsgspecResponse({"version": __version__})
+
+    created = 0
+
+    # ---- middleware-ish wrappers ----------------------------------------------------------
+
+    def guarded(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                if self._api_key_digest is not None and request.url.path.startswith(_GUARDED_PREFIXES):
+                    self._check_auth(request)
+                return await handler(request)
+            except _Unauthorized:
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            except UnicodeDecodeError:
+                return JSONResponse({"detail": "There was an error parsing the body"}, status_code=400)
+            except RenderServiceError as exc:
+                return error_response(exc)
+            except Exception:
+                log.exception("unhandled error on %s", request.url.path)
+                body = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
+                return MsgspecResponse(body, status_code=500)
+
+        return endpoint
+
+    def _check_auth(self, request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or self._api_key_digest is None:
+            raise _Unauthorized
+        if not secrets.compare_digest(hashlib.sha256(token.encode()).digest(), self._api_key_digest):
+            raise _Unauthorized
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+_any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
+
+
+def build_app(renderer: Renderer) -> Starlette:
+    """The Starlette application for one model."""
+    import time
+
+    service = Service(renderer, max_body_bytes=renderer.settings.max_body_bytes)
+    service.created = int(time.time())
+    g = service.guarded
+    routes = [
+        Route("/v1/chat/completions/render", g(service.render_chat), methods=["POST"]),
+        Route("/v1/completions/render", g(service.render_completion), methods=["POST"]),
+        Route("/tokenize", g(service.tokenize), methods=["POST"]),
+        Route("/detokenize", g(service.detokenize), methods=["POST"]),
+        Route("/v1/models", g(service.models), methods=["GET"]),
+        Route("/health", service.health, methods=["GET"]),
+        Route("/version", service.version, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.service = service
+    return app

@@ -1,0 +1,36 @@
+"""Server configuration as one typed value, built by the CLI (vLLM's flag names) and passed down."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    model: str
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    chat_template: str | None = None
+    chat_template_content_format: Literal["auto", "string", "openai"] = "auto"
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort_map: dict[str, Any] | None = None
+    trust_request_chat_template: bool = False
+    trust_request_mm_kwargs: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    renderer_num_workers: int = 1
+    api_key: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    state_secret: str | None = None
+    enable_request_id_headers: bool = False
+    max_logprobs: int = 20
+    max_body_bytes: int = 64 * 1024 * 1024
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
