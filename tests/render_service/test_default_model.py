@@ -135,7 +135,9 @@ def test_random_text_equals_tiktoken_oracle(
 ) -> None:
     markers = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
     assume(not any(marker in text for marker in markers))
-    assert tokenizer.encode(text).ids == tiktoken_oracle(text)
+    ids = tokenizer.encode(text).ids
+    assert ids == tiktoken_oracle(text)
+    assert tokenizer.decode(ids, skip_special_tokens=False) == unicodedata.normalize("NFC", text)
 
 
 def test_special_tokens_are_single_ids(tokenizer: Tokenizer, hf_tokenizer: Any) -> None:
@@ -234,6 +236,7 @@ def test_template_tool_calls_and_results(hf_tokenizer: Any) -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "one"},
         {"role": "tool", "tool_call_id": "c2", "content": _text_parts('{"ok": true}')},
         {"role": "assistant", "content": "Done.", "tool_calls": calls[:1]},
+        {"role": "assistant", "content": None, "tool_calls": calls[1:]},
     ]
     call_f = '<tool_call>\n{"name": "f", "arguments": {"x": 1, "s": "é"}}\n</tool_call>'
     call_g = '<tool_call>\n{"name": "g", "arguments": {"y": [2]}}\n</tool_call>'
@@ -243,6 +246,7 @@ def test_template_tool_calls_and_results(hf_tokenizer: Any) -> None:
         + _turn("tool", "<tool_response>\none\n</tool_response>")
         + _turn("tool", '<tool_response>\n{"ok": true}\n</tool_response>')
         + _turn("assistant", f"Done.\n{call_f}")
+        + _turn("assistant", call_g)
     )
     assert _render(hf_tokenizer, messages) == expected
 
