@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from render_service.default_model.build import ensure_default_model
+from render_service.default_model.build import default_cache_root, ensure_default_model
 
-__all__ = ["ensure_default_model"]
+__all__ = ["default_cache_root", "ensure_default_model"]

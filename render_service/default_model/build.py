@@ -31,7 +31,7 @@ from tokenizers import (
 )
 from tokenizers.models import BPE
 
-__all__ = ["ensure_default_model"]
+__all__ = ["default_cache_root", "ensure_default_model"]
 
 #: Bumped when the layout or content of the built directory changes for the same inputs.
 FORMAT_VERSION = 1
@@ -98,7 +98,7 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".default-model-", dir=root))
     staging.chmod(0o755)  # mkdtemp makes it private; the model is readable like any cache file
     try:
-        write_model(staging, ranks_bytes, template)
+        _write_model(staging, ranks_bytes, template)
         try:
             staging.rename(target)
         except OSError:
@@ -111,21 +111,22 @@ def ensure_default_model(cache_dir: Path | None = None) -> Path:
 
 
 def default_cache_root() -> Path:
-    """The cache root used when the caller passes none (the CLI should pass one explicitly)."""
+    """Where the model is cached when no directory is given: ``$RENDER_SERVICE_CACHE``, else
+    ``~/.cache/render-service``. The CLI should call this once and pass the result explicitly."""
     env = os.environ.get("RENDER_SERVICE_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "render-service"
 
 
-def write_model(directory: Path, ranks_bytes: bytes, template: str) -> None:
+def _write_model(directory: Path, ranks_bytes: bytes, template: str) -> None:
     """Write tokenizer.json, tokenizer_config.json, config.json and generation_config.json."""
-    tokenizer = build_tokenizer(parse_ranks(ranks_bytes))
+    tokenizer = _build_tokenizer(_parse_ranks(ranks_bytes))
     tokenizer.save(str(directory / "tokenizer.json"))
     _write_json(directory / "tokenizer_config.json", _tokenizer_config(template))
     _write_json(directory / "config.json", _model_config())
     _write_json(directory / "generation_config.json", _generation_config())
 
 
-def parse_ranks(ranks_bytes: bytes) -> dict[bytes, int]:
+def _parse_ranks(ranks_bytes: bytes) -> dict[bytes, int]:
     """Parse a tiktoken ranks file: one ``base64(token) rank`` pair per line."""
     ranks: dict[bytes, int] = {}
     for line in ranks_bytes.splitlines():
@@ -135,7 +136,7 @@ def parse_ranks(ranks_bytes: bytes) -> dict[bytes, int]:
     return ranks
 
 
-def build_tokenizer(ranks: dict[bytes, int]) -> Tokenizer:
+def _build_tokenizer(ranks: dict[bytes, int]) -> Tokenizer:
     """A byte-level BPE tokenizer that encodes exactly as tiktoken does with these ranks."""
     if sorted(ranks.values()) != list(range(FIRST_ADDED_ID)):
         raise ValueError(f"expected ranks 0..{FIRST_ADDED_ID - 1} without gaps")
