@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from render_service.render import Renderer  # noqa: E402
-from render_service.settings import Settings  # noqa: E402
+from render_service.render import Renderer
+from render_service.settings import Settings
 
 __all__ = ["Renderer", "Settings", "__version__"]

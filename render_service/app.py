@@ -22,7 +22,11 @@ from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
 from render_service.protocol._base import decode_body
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
-from render_service.protocol.tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest
+from render_service.protocol.tokenize import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from render_service.render import Renderer
 
 log = logging.getLogger("render_service")
@@ -46,7 +50,14 @@ class MsgspecResponse(Response):
 
 
 def error_response(exc: RenderServiceError) -> Response:
-    body = {"error": {"message": exc.message, "type": exc.error_type, "param": exc.param, "code": exc.status}}
+    body = {
+        "error": {
+            "message": exc.message,
+            "type": exc.error_type,
+            "param": exc.param,
+            "code": exc.status,
+        }
+    }
     return MsgspecResponse(body, status_code=exc.status)
 
 
@@ -71,16 +82,22 @@ class Service:
     async def body(self, request: Request) -> bytes:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type != "application/json":
-            raise SchemaError("1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed")
+            raise SchemaError(
+                "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+            )
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise BodyTooLarge(f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes).")
+            raise BodyTooLarge(
+                f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
+            )
         chunks = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise BodyTooLarge(f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes).")
+                raise BodyTooLarge(
+                    f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
+                )
             chunks.append(chunk)
         data = b"".join(chunks)
         data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
@@ -91,19 +108,27 @@ class Service:
     async def render_chat(self, request: Request) -> Response:
         data = await self.body(request)
         body = decode_body(data, _chat_decoder)
-        result = await self.run(self.renderer.render_chat, body, request_id=request.headers.get("x-request-id"))
+        result = await self.run(
+            self.renderer.render_chat, body, request_id=request.headers.get("x-request-id")
+        )
         return MsgspecResponse(result)
 
     async def render_completion(self, request: Request) -> Response:
         data = await self.body(request)
         body = decode_body(data, _completion_decoder)
-        result = await self.run(self.renderer.render_completion, body, request_id=request.headers.get("x-request-id"))
+        result = await self.run(
+            self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
+        )
         return MsgspecResponse(result)
 
     async def tokenize(self, request: Request) -> Response:
         data = await self.body(request)
         raw = decode_body(data, _any_decoder)
-        decoder = _tokenize_chat_decoder if isinstance(raw, dict) and "messages" in raw else _tokenize_prompt_decoder
+        decoder = (
+            _tokenize_chat_decoder
+            if isinstance(raw, dict) and "messages" in raw
+            else _tokenize_prompt_decoder
+        )
         body = decode_body(data, decoder)
         return MsgspecResponse(await self.run(self.renderer.tokenize, body))
 
@@ -136,21 +161,34 @@ class Service:
 
     # ---- middleware-ish wrappers ----------------------------------------------------------
 
-    def guarded(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def guarded(
+        self, handler: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                if self._api_key_digest is not None and request.url.path.startswith(_GUARDED_PREFIXES):
+                if self._api_key_digest is not None and request.url.path.startswith(
+                    _GUARDED_PREFIXES
+                ):
                     self._check_auth(request)
                 return await handler(request)
             except _Unauthorized:
                 return JSONResponse({"error": "Unauthorized"}, status_code=401)
             except UnicodeDecodeError:
-                return JSONResponse({"detail": "There was an error parsing the body"}, status_code=400)
+                return JSONResponse(
+                    {"detail": "There was an error parsing the body"}, status_code=400
+                )
             except RenderServiceError as exc:
                 return error_response(exc)
             except Exception:
                 log.exception("unhandled error on %s", request.url.path)
-                body = {"error": {"message": "Internal server error", "type": "InternalServerError", "param": None, "code": 500}}
+                body = {
+                    "error": {
+                        "message": "Internal server error",
+                        "type": "InternalServerError",
+                        "param": None,
+                        "code": 500,
+                    }
+                }
                 return MsgspecResponse(body, status_code=500)
 
         return endpoint
@@ -160,7 +198,9 @@ class Service:
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or self._api_key_digest is None:
             raise _Unauthorized
-        if not secrets.compare_digest(hashlib.sha256(token.encode()).digest(), self._api_key_digest):
+        if not secrets.compare_digest(
+            hashlib.sha256(token.encode()).digest(), self._api_key_digest
+        ):
             raise _Unauthorized
 
 

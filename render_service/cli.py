@@ -32,25 +32,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="render-service", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve one model over HTTP")
-    serve.add_argument("model", nargs="?", default=None, help="model directory or hub id (default: embedded model)")
+    serve.add_argument(
+        "model", nargs="?", default=None, help="model directory or hub id (default: embedded model)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
-    serve.add_argument("--chat-template", default=None, help="path to a template file, or the template itself")
-    serve.add_argument("--chat-template-content-format", choices=["auto", "string", "openai"], default="auto")
+    serve.add_argument(
+        "--chat-template", default=None, help="path to a template file, or the template itself"
+    )
+    serve.add_argument(
+        "--chat-template-content-format", choices=["auto", "string", "openai"], default="auto"
+    )
     serve.add_argument("--default-chat-template-kwargs", type=_json_dict, default=None)
     serve.add_argument("--reasoning-effort-map", type=_json_dict, default=None)
     _bool_flag(serve, "--trust-request-chat-template", "allow per-request chat templates")
     _bool_flag(serve, "--trust-request-mm-kwargs", "allow per-request multimodal processor kwargs")
-    _bool_flag(serve, "--exclude-tools-when-tool-choice-none", "leave tools out of the prompt for tool_choice=none")
+    _bool_flag(
+        serve,
+        "--exclude-tools-when-tool-choice-none",
+        "leave tools out of the prompt for tool_choice=none",
+    )
     serve.add_argument("--reasoning-parser", default=None)
     serve.add_argument("--tool-call-parser", default=None)
     _bool_flag(serve, "--enable-auto-tool-choice", "enable the tool-call parser")
-    serve.add_argument("--renderer-num-workers", type=int, default=1, help="worker threads per process")
-    serve.add_argument("--workers", type=int, default=None, help="server processes (default: one per core)")
+    serve.add_argument(
+        "--renderer-num-workers", type=int, default=1, help="worker threads per process"
+    )
+    serve.add_argument(
+        "--workers", type=int, default=None, help="server processes (default: one per core)"
+    )
     serve.add_argument("--api-key", default=os.environ.get("VLLM_API_KEY"))
-    serve.add_argument("--state-secret", default=None, help=f"stream_state HMAC secret (or ${STATE_SECRET_ENV})")
+    serve.add_argument(
+        "--state-secret", default=None, help=f"stream_state HMAC secret (or ${STATE_SECRET_ENV})"
+    )
     _bool_flag(serve, "--enable-request-id-headers", "echo X-Request-Id in responses")
     serve.add_argument("--max-logprobs", type=int, default=20)
     serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)

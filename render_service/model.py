@@ -64,9 +64,13 @@ def resolve_model_path(model: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(model, local_files_only=os.environ.get("HF_HUB_OFFLINE") != "0"))
+        return Path(
+            snapshot_download(model, local_files_only=os.environ.get("HF_HUB_OFFLINE") != "0")
+        )
     except Exception as exc:  # the hub client raises many types; all mean "not available here"
-        raise FileNotFoundError(f"model {model!r} is neither a directory nor in the local hub cache") from exc
+        raise FileNotFoundError(
+            f"model {model!r} is neither a directory nor in the local hub cache"
+        ) from exc
 
 
 def _max_model_len(config: dict[str, Any]) -> int:
@@ -81,7 +85,10 @@ def _max_model_len(config: dict[str, Any]) -> int:
         return 2048
     length = min(values)
     scaling = config.get("rope_scaling") or {}
-    if isinstance(scaling, dict) and scaling.get("type", scaling.get("rope_type")) in ("yarn", "dynamic"):
+    if isinstance(scaling, dict) and scaling.get("type", scaling.get("rope_type")) in (
+        "yarn",
+        "dynamic",
+    ):
         length = int(length * float(scaling.get("factor", 1.0)))
     return length
 
@@ -130,7 +137,9 @@ class Model:
         return int(self.backend.get_vocab_size(with_added_tokens=True))
 
     def added_tokens(self) -> dict[str, int]:
-        return {tok.content: tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items()}
+        return {
+            tok.content: tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items()
+        }
 
     def special_ids(self) -> frozenset[int]:
         return frozenset(self.hf_tokenizer.all_special_ids) | frozenset(
@@ -161,7 +170,9 @@ def load_model(
         raise InvalidRequest(
             f"--max-model-len {max_model_len} is larger than the model's context length {derived_len}"
         )
-    template = chat_template if chat_template is not None else _load_chat_template(path, tokenizer_config)
+    template = (
+        chat_template if chat_template is not None else _load_chat_template(path, tokenizer_config)
+    )
     eos_ids = _as_ids(generation.get("eos_token_id")) or _as_ids(config.get("eos_token_id"))
     info = ModelInfo(
         path=str(path),

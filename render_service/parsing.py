@@ -39,7 +39,11 @@ class ParsingSetup:
 
     @classmethod
     def create(cls, model: Model, settings: Settings) -> ParsingSetup | None:
-        reasoning = settings.reasoning_parser if settings.reasoning_parser not in (None, "", "none") else None
+        reasoning = (
+            settings.reasoning_parser
+            if settings.reasoning_parser not in (None, "", "none")
+            else None
+        )
         tool = settings.tool_call_parser if settings.enable_auto_tool_choice else None
         if reasoning is None and tool is None:
             return None
@@ -47,7 +51,9 @@ class ParsingSetup:
 
     def render_hints(self, context: ParseContext, prompt_ids: list[int]) -> RenderHints:
         uses_tools = (
-            self.tool_parser in _SKIPS_SPECIAL_TOKENS and bool(context.tools) and context.tool_choice != "none"
+            self.tool_parser in _SKIPS_SPECIAL_TOKENS
+            and bool(context.tools)
+            and context.tool_choice != "none"
         )
         skip = False if self.reasoning_parser == "qwen3" or uses_tools else None
         return RenderHints(skip_special_tokens=skip)

@@ -24,7 +24,11 @@ from render_service.protocol.tokenize import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from render_service.sampling import build_sampling_params, resolve_sampling_value, structured_outputs
+from render_service.sampling import (
+    build_sampling_params,
+    resolve_sampling_value,
+    structured_outputs,
+)
 from render_service.settings import Settings
 
 # vLLM always merges its Cohere-only ``--cohere-format`` default into chat_template_kwargs.
@@ -61,7 +65,9 @@ class Renderer:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Renderer:
-        template = load_chat_template_arg(settings.chat_template) if settings.chat_template else None
+        template = (
+            load_chat_template_arg(settings.chat_template) if settings.chat_template else None
+        )
         loaded = load_model(
             settings.model,
             served_model_name=settings.model_name,
@@ -109,7 +115,9 @@ class Renderer:
         if not ids:
             raise InvalidRequest("No token_ids rendered")
         max_tokens = self._max_tokens(
-            request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens,
+            request.max_completion_tokens
+            if request.max_completion_tokens is not None
+            else request.max_tokens,
             len(ids),
             "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens",
         )
@@ -125,16 +133,30 @@ class Renderer:
         structured = structured_outputs(request.structured_outputs, request.response_format)
         if hints.structural_tag is not None:
             structured = structured_outputs({"structural_tag": hints.structural_tag}, None)
-        skip_special = request.skip_special_tokens if request.skip_special_tokens is not None else True
+        skip_special = (
+            request.skip_special_tokens if request.skip_special_tokens is not None else True
+        )
         if hints.skip_special_tokens is not None:
             skip_special = hints.skip_special_tokens
-        logprobs = request.top_logprobs if request.logprobs and request.logprob_token_ids is None else None
-        sampling = self._sampling(request, max_tokens, logprobs, request.prompt_logprobs, skip_special, structured)
+        logprobs = (
+            request.top_logprobs if request.logprobs and request.logprob_token_ids is None else None
+        )
+        sampling = self._sampling(
+            request, max_tokens, logprobs, request.prompt_logprobs, skip_special, structured
+        )
         reasoning_ended = hints.reasoning_ended
-        if self.parsing is not None and self.parsing.has_reasoning and not request.include_reasoning:
+        if (
+            self.parsing is not None
+            and self.parsing.has_reasoning
+            and not request.include_reasoning
+        ):
             reasoning_ended = True
         base_id = request_id or request.request_id or checks.random_request_id()
-        kv_params = _without_prompt_ids(request.kv_transfer_params) if reused is not None else request.kv_transfer_params
+        kv_params = (
+            _without_prompt_ids(request.kv_transfer_params)
+            if reused is not None
+            else request.kv_transfer_params
+        )
         return GenerateRequest(
             request_id=f"chatcmpl-{base_id}",
             token_ids=ids,
@@ -161,7 +183,9 @@ class Renderer:
             ec_transfer_params=request.ec_transfer_params,
         )
 
-    def effective_template_kwargs(self, request: ChatCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
+    def effective_template_kwargs(
+        self, request: ChatCompletionRequest | TokenizeChatRequest
+    ) -> dict[str, Any]:
         """vLLM's chat_template_kwargs: server defaults < request kwargs < top-level request fields."""
         if isinstance(request, ChatCompletionRequest):
             effort = request.reasoning_effort
@@ -173,7 +197,10 @@ class Renderer:
         user_kwargs = dict(request.chat_template_kwargs or {})
         if "chat_template" in user_kwargs and not self.settings.trust_request_chat_template:
             raise _untrusted_template()
-        merged: dict[str, Any] = {**_VLLM_DEFAULT_TEMPLATE_KWARGS, **(self.settings.default_chat_template_kwargs or {})}
+        merged: dict[str, Any] = {
+            **_VLLM_DEFAULT_TEMPLATE_KWARGS,
+            **(self.settings.default_chat_template_kwargs or {}),
+        }
         merged.update(user_kwargs)
         merged["add_generation_prompt"] = request.add_generation_prompt
         merged["continue_final_message"] = request.continue_final_message
@@ -196,7 +223,9 @@ class Renderer:
             raise InvalidRequest('tool_choice="required" requires --tool-call-parser to be set')
         name = checks.named_tool(tool_choice)
         if name is not None:
-            raise InvalidRequest(f'tool_choice=function "{name}" requires --tool-call-parser to be set')
+            raise InvalidRequest(
+                f'tool_choice=function "{name}" requires --tool-call-parser to be set'
+            )
 
     def _template(self, request_template: str | None, kwargs: dict[str, Any]) -> str:
         if request_template is not None or "chat_template" in kwargs:
@@ -221,9 +250,14 @@ class Renderer:
         template = self._template(request.chat_template, kwargs)
         template_kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
         if not request.messages:
-            raise InvalidRequest("Cannot apply chat template to an empty conversation. Provide at least one message.")
+            raise InvalidRequest(
+                "Cannot apply chat template to an empty conversation. Provide at least one message."
+            )
         content_format = self._content_format
-        if request.chat_template is not None and self.settings.chat_template_content_format == "auto":
+        if (
+            request.chat_template is not None
+            and self.settings.chat_template_content_format == "auto"
+        ):
             content_format = templating.detect_content_format(template)
         try:
             conversation = templating.build_conversation(
@@ -231,7 +265,9 @@ class Renderer:
             )
         except templating.MultimodalContent as exc:
             raise InvalidRequest(f"{self.model_name} is not a multimodal model") from exc
-        text = templating.apply_template(self.model.hf_tokenizer, template, conversation, tools, template_kwargs)
+        text = templating.apply_template(
+            self.model.hf_tokenizer, template, conversation, tools, template_kwargs
+        )
         truncate = getattr(request, "truncate_prompt_tokens", None)
         side = getattr(request, "truncation_side", None)
         want_offsets = bool(getattr(request, "return_token_offsets", False))
@@ -348,17 +384,23 @@ class Renderer:
         if request.use_beam_search:
             raise InvalidRequest("Beam search is not supported by the render endpoint")
         if request.stream_options is not None and not request.stream:
-            raise invalid_param("Stream options can only be defined when `stream=True`.", "stream_options")
+            raise invalid_param(
+                "Stream options can only be defined when `stream=True`.", "stream_options"
+            )
         if request.suffix is not None:
             if request.echo:
                 raise InvalidRequest("Echo is unsupported with suffix.", "suffix")
-            raise InvalidRequest("suffix is only supported for models with FIM completion rendering", "suffix")
+            raise InvalidRequest(
+                "suffix is only supported for models with FIM completion rendering", "suffix"
+            )
         checks.stop_list(request.stop)
         checks.check_cache_salt(request.cache_salt)
         prompts = self._completion_prompts(request)
         base_id = request_id or request.request_id or checks.random_request_id()
         structured = structured_outputs(request.structured_outputs, request.response_format)
-        skip_special = request.skip_special_tokens if request.skip_special_tokens is not None else True
+        skip_special = (
+            request.skip_special_tokens if request.skip_special_tokens is not None else True
+        )
         prompt_logprobs = request.prompt_logprobs
         if request.echo and request.logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = request.logprobs
@@ -371,7 +413,12 @@ class Renderer:
                     token_ids=prompt.token_ids,
                     token_offsets=prompt.offsets,
                     sampling_params=self._sampling(
-                        request, max_tokens, request.logprobs, prompt_logprobs, skip_special, structured
+                        request,
+                        max_tokens,
+                        request.logprobs,
+                        prompt_logprobs,
+                        skip_special,
+                        structured,
                     ),
                     model=request.model,
                     return_token_ids=request.return_token_ids,
@@ -421,15 +468,26 @@ class Renderer:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
             if request.continue_final_message and request.add_generation_prompt:
-                raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+                raise InvalidRequest(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
             checks.check_messages(request.messages)
             kwargs = self.effective_template_kwargs(request)
             prompt = self._render_messages(request, request.tools, kwargs)
         else:
             prompt = self._tokenize(request.prompt, request.add_special_tokens, None, None, False)
         ids = prompt.token_ids
-        strs = self.model.hf_tokenizer.convert_ids_to_tokens(ids) if request.return_token_strs else None
-        return {"count": len(ids), "max_model_len": self.model.info.max_model_len, "tokens": ids, "token_strs": strs}
+        strs = (
+            self.model.hf_tokenizer.convert_ids_to_tokens(ids)
+            if request.return_token_strs
+            else None
+        )
+        return {
+            "count": len(ids),
+            "max_model_len": self.model.info.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }
 
     def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
         self.check_model(request.model)
@@ -448,7 +506,11 @@ def _untrusted_template() -> InvalidRequest:
 def _tool_dump(tool: dict[str, Any]) -> dict[str, Any]:
     """ChatCompletionToolsParam.model_dump(): description/parameters always present, strict only if given."""
     function = tool["function"]
-    dumped = {"name": function["name"], "description": function.get("description"), "parameters": function.get("parameters")}
+    dumped = {
+        "name": function["name"],
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+    }
     if "strict" in function:
         dumped["strict"] = function["strict"]
     return {"type": tool.get("type", "function"), "function": dumped}
@@ -456,7 +518,9 @@ def _tool_dump(tool: dict[str, Any]) -> dict[str, Any]:
 
 def _history_tool_calls(messages: list[dict[str, Any]]) -> int:
     return sum(
-        len(m["tool_calls"]) for m in messages if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)
+        len(m["tool_calls"])
+        for m in messages
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)
     )
 
 
@@ -465,7 +529,11 @@ def _reused_prompt_ids(kv_params: dict[str, Any] | None) -> list[int] | None:
     if not kv_params or "prompt_token_ids" not in kv_params:
         return None
     ids = kv_params["prompt_token_ids"]
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    ):
         raise invalid_param(
             "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers.",
             "kv_transfer_params.prompt_token_ids",
@@ -482,7 +550,9 @@ def _without_prompt_ids(kv_params: dict[str, Any] | None) -> dict[str, Any] | No
 def _prompt_items(prompt: str | list[Any] | None) -> list[str | list[int]]:
     """A completion prompt as a list of texts or token-id lists (vLLM's accepted shapes)."""
     if prompt is None:
-        raise invalid_param("Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
+        raise invalid_param(
+            "Either prompt or prompt_embeds must be provided and non-empty.", "prompt"
+        )
     if isinstance(prompt, str):
         return [prompt]
     if not prompt:

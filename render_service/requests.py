@@ -51,7 +51,10 @@ def check_messages(messages: list[dict[str, Any]]) -> None:
     for index, message in enumerate(messages):
         where = f"body.messages.{index}"
         if not isinstance(message.get("role"), str):
-            raise SchemaError(f"1 validation error:\n  {{'loc': '{where}.role', 'msg': 'Field required'}}", f"{where}.role")
+            raise SchemaError(
+                f"1 validation error:\n  {{'loc': '{where}.role', 'msg': 'Field required'}}",
+                f"{where}.role",
+            )
         content = message.get("content")
         if content is None and message["role"] in _CONTENT_OPTIONAL_ROLES:
             continue
@@ -75,7 +78,10 @@ def named_tool(choice: str | dict[str, Any]) -> str | None:
         function = choice.get("function")
         if isinstance(function, dict) and isinstance(function.get("name"), str):
             return function["name"]
-        raise invalid_param("Invalid tool_choice: expected {'type': 'function', 'function': {'name': ...}}", "tool_choice")
+        raise invalid_param(
+            "Invalid tool_choice: expected {'type': 'function', 'function': {'name': ...}}",
+            "tool_choice",
+        )
     return None
 
 
@@ -83,17 +89,25 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
     """The model validators of vLLM's ChatCompletionRequest, in its order."""
     check_messages(request.messages)
     if request.stream_options is not None and not request.stream:
-        raise invalid_param("Stream options can only be defined when `stream=True`.", "stream_options")
+        raise invalid_param(
+            "Stream options can only be defined when `stream=True`.", "stream_options"
+        )
     top = request.top_logprobs
     if top is not None and top != 0:
         if top < 0 and top != -1:
             raise invalid_param("`top_logprobs` must be a positive value or -1.", "top_logprobs")
         if not request.logprobs:
-            raise invalid_param("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+            raise invalid_param(
+                "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs"
+            )
     if request.logprob_token_ids is not None and not request.logprobs:
-        raise invalid_param("`logprob_token_ids` requires `logprobs` to be true.", "logprob_token_ids")
+        raise invalid_param(
+            "`logprob_token_ids` requires `logprobs` to be true.", "logprob_token_ids"
+        )
     if request.prompt_logprobs is not None and request.stream:
-        raise invalid_param("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
+        raise invalid_param(
+            "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs"
+        )
     if request.tools is not None and len(request.tools) == 0:
         raise invalid_param(
             "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.",
@@ -107,14 +121,18 @@ def check_chat_request(request: ChatCompletionRequest) -> None:
     name = named_tool(choice) if isinstance(choice, dict) else None
     if name is not None:
         if request.structured_outputs:
-            raise InvalidRequest("Cannot use structured outputs together with a named `tool_choice`.")
+            raise InvalidRequest(
+                "Cannot use structured outputs together with a named `tool_choice`."
+            )
         if not any(tool.function.name == name for tool in request.tools or []):
             raise invalid_param(
                 "The tool specified in `tool_choice` does not match any of the specified `tools`",
                 "tool_choice",
             )
     if request.continue_final_message and request.add_generation_prompt:
-        raise InvalidRequest("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
+        raise InvalidRequest(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
     stop_list(request.stop)
     check_cache_salt(request.cache_salt)
     if request.seed is not None and not -(2**63) <= request.seed < 2**63:

@@ -63,7 +63,9 @@ def structured_outputs(
         raise InvalidRequest(
             "You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice')."
         )
-    if not any(fields.get(k) is not None for k in _STRUCTURED_FIELDS if k not in _STRUCTURED_DEFAULTS):
+    if not any(
+        fields.get(k) is not None for k in _STRUCTURED_FIELDS if k not in _STRUCTURED_DEFAULTS
+    ):
         return None
     out = {k: fields.get(k, _STRUCTURED_DEFAULTS.get(k)) for k in _STRUCTURED_FIELDS}
     out["_backend"] = None

@@ -20,7 +20,9 @@ from render_service.errors import InvalidRequest
 ContentFormat = Literal["string", "openai"]
 
 # Parameters of apply_chat_template that always reach the template, whatever it references.
-_ALWAYS_PASSED = frozenset({"add_generation_prompt", "continue_final_message", "documents", "tools"})
+_ALWAYS_PASSED = frozenset(
+    {"add_generation_prompt", "continue_final_message", "documents", "tools"}
+)
 
 
 @lru_cache(maxsize=32)
@@ -46,7 +48,9 @@ def detect_content_format(template: str) -> ContentFormat:
         ast = _parse(template)
     except jinja2.TemplateSyntaxError:
         return "string"
-    return "openai" if any(_iterates_content(n) for n in ast.find_all(jinja2.nodes.For)) else "string"
+    return (
+        "openai" if any(_iterates_content(n) for n in ast.find_all(jinja2.nodes.For)) else "string"
+    )
 
 
 @lru_cache(maxsize=32)
@@ -98,7 +102,9 @@ def build_conversation(
     conversation = []
     for index, message in enumerate(messages):
         role = message.get("role")
-        out: dict[str, Any] = {"role": "system" if role == "developer" and not developer_ok else role}
+        out: dict[str, Any] = {
+            "role": "system" if role == "developer" and not developer_ok else role
+        }
         content = message.get("content")
         if content is None:  # vLLM reads a missing content as an empty list of parts
             content = []

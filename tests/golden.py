@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,8 @@ GOLDEN = SHARED / "golden"
 MODELS = SHARED / "models"
 
 needs_shared = pytest.mark.skipif(
-    not GOLDEN.is_dir(), reason="../shared (golden corpus and model files) is not present in this checkout"
+    not GOLDEN.is_dir(),
+    reason="../shared (golden corpus and model files) is not present in this checkout",
 )
 
 
@@ -28,7 +29,7 @@ def case_files(directory: str, kind: str) -> list[Path]:
     return sorted(folder.glob("*.json")) if folder.is_dir() else []
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_case(path: Path) -> dict[str, Any]:
     with path.open(encoding="utf-8") as f:
         data: dict[str, Any] = json.load(f)
@@ -37,9 +38,16 @@ def load_case(path: Path) -> dict[str, Any]:
 
 def case_params(directories: list[str], kind: str) -> list[Any]:
     """pytest params (id dir/case) for the cases of some golden directories."""
-    return [pytest.param(d, p, id=f"{d}/{p.stem}") for d in directories for p in case_files(d, kind)]
+    return [
+        pytest.param(d, p, id=f"{d}/{p.stem}") for d in directories for p in case_files(d, kind)
+    ]
 
 
 def server_argv(case: dict[str, Any]) -> list[str]:
     """Our ``serve`` argv for the server that produced a golden case."""
-    return [str(model_dir(case["model"])), "--served-model-name", case["model"], *case["server_flags"]]
+    return [
+        str(model_dir(case["model"])),
+        "--served-model-name",
+        case["model"],
+        *case["server_flags"],
+    ]

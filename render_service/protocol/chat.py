@@ -50,7 +50,7 @@ class ChatCompletionRequest(Body):
     temperature: float | None = None
     top_p: float | None = None
     tools: list[ChatCompletionTool] | None = None
-    tool_choice: ToolChoice | None | msgspec.UnsetType = msgspec.UNSET
+    tool_choice: ToolChoice | msgspec.UnsetType | None = msgspec.UNSET
     reasoning_effort: ReasoningEffort | None = None
     thinking_token_budget: int | None = None
     include_reasoning: bool = True

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +17,18 @@ from tests.golden import case_params, load_case, needs_shared, server_argv
 
 pytestmark = needs_shared
 
-DIRECTORIES = ["qwen3", "qwen3-noparser", "qwen2.5-instruct", "deepseek-r1-distill-qwen", "llama-3.1-instruct"]
+DIRECTORIES = [
+    "qwen3",
+    "qwen3-noparser",
+    "qwen2.5-instruct",
+    "deepseek-r1-distill-qwen",
+    "llama-3.1-instruct",
+]
 # Fields that need the parsers issue, compared once render_service.parsing is wired to parsers/.
 PARSER_FIELDS = ("reasoning_ended",)
 
 
-@lru_cache(maxsize=None)
+@cache
 def client_for(argv: tuple[str, ...]) -> TestClient:
     return TestClient(build_app(Renderer.from_settings(parse_settings(list(argv)))))
 
@@ -64,7 +70,12 @@ def strip_random(body: Any, case: dict[str, Any]) -> Any:
 @pytest.mark.parametrize(("directory", "path"), case_params(DIRECTORIES, "render"))
 def test_render_matches_vllm(directory: str, path: Path) -> None:
     case = load_case(path)
-    if any(p.get("type") == "image_url" for m in (case.get("request") or {}).get("messages", []) or [] if isinstance(m, dict) and isinstance(m.get("content"), list) for p in m["content"]):
+    if any(
+        p.get("type") == "image_url"
+        for m in (case.get("request") or {}).get("messages", []) or []
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for p in m["content"]
+    ):
         pytest.skip("image content needs the multimodal issue")
     response = send(case)
     expected = case["response"]
@@ -79,7 +90,11 @@ def test_render_matches_vllm(directory: str, path: Path) -> None:
         return
     got = strip_random(got, case)
     expected = strip_random(normalize(expected), case)
-    for item_got, item_expected in zip(got if isinstance(got, list) else [got], expected if isinstance(expected, list) else [expected]):
+    for item_got, item_expected in zip(
+        got if isinstance(got, list) else [got],
+        expected if isinstance(expected, list) else [expected],
+        strict=True,
+    ):
         if isinstance(item_got, dict):
             for field in PARSER_FIELDS:
                 item_got.pop(field, None)
