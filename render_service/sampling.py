@@ -73,6 +73,70 @@ def structured_outputs(
     return out
 
 
+def verify_sampling(n: int, sampling: dict[str, Any], min_tokens: int, max_tokens: int) -> None:
+    """SamplingParams' own range checks, with vLLM's messages."""
+    checks = (
+        (n < 1, "n", f"n must be at least 1, got {n}.", n),
+        (
+            not -2.0 <= sampling["presence_penalty"] <= 2.0,
+            "presence_penalty",
+            f"presence_penalty must be in [-2, 2], got {sampling['presence_penalty']}.",
+            sampling["presence_penalty"],
+        ),
+        (
+            not -2.0 <= sampling["frequency_penalty"] <= 2.0,
+            "frequency_penalty",
+            f"frequency_penalty must be in [-2, 2], got {sampling['frequency_penalty']}.",
+            sampling["frequency_penalty"],
+        ),
+        (
+            not sampling["repetition_penalty"] > 0.0,
+            "repetition_penalty",
+            f"repetition_penalty must be greater than zero, got {sampling['repetition_penalty']}.",
+            sampling["repetition_penalty"],
+        ),
+        (
+            not sampling["temperature"] >= 0.0,
+            "temperature",
+            f"temperature must be non-negative, got {sampling['temperature']}.",
+            sampling["temperature"],
+        ),
+        (
+            not 0.0 < sampling["top_p"] <= 1.0,
+            "top_p",
+            f"top_p must be in (0, 1], got {sampling['top_p']}.",
+            sampling["top_p"],
+        ),
+        (
+            sampling["top_k"] is not None and sampling["top_k"] < -1,
+            "top_k",
+            f"top_k must be 0 (disable), or at least 1, got {sampling['top_k']}.",
+            sampling["top_k"],
+        ),
+        (
+            not 0.0 <= sampling["min_p"] <= 1.0,
+            "min_p",
+            f"min_p must be in [0, 1], got {sampling['min_p']}.",
+            sampling["min_p"],
+        ),
+        (
+            min_tokens < 0,
+            "min_tokens",
+            f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
+            min_tokens,
+        ),
+        (
+            min_tokens > max_tokens,
+            "min_tokens",
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
+            min_tokens,
+        ),
+    )
+    for failed, param, message, value in checks:
+        if failed:
+            raise invalid_param(message, param, value)
+
+
 def build_sampling_params(
     *,
     n: int,
@@ -100,6 +164,7 @@ def build_sampling_params(
     repetition_detection: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The JSON object vLLM writes for these SamplingParams, keys in its field order."""
+    verify_sampling(n, sampling, min_tokens, max_tokens)
     greedy = sampling["temperature"] < _GREEDY_EPS
     out: dict[str, Any] = {}
     if n != 1:
