@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parsers.detokenizer import MAX_HELD_IDS, DetokState, Detokenizer
+from parsers.detokenizer import MAX_HELD_IDS, Detokenizer, DetokState
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 HF_MODELS = ("qwen3", "llama-3.1-instruct", "deepseek-r1-distill-qwen")
