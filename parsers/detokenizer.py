@@ -17,6 +17,7 @@ keeps the text ending in U+FFFD, or that decodes to nothing), the window is flus
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import msgspec
 
@@ -48,6 +49,7 @@ class DetokState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     read_offset: int = 0
 
 
+@dataclass(frozen=True, slots=True)
 class Detokenizer:
     """Configuration of an incremental decode: a decode callable and the tokenizer's facts.
 
@@ -59,29 +61,18 @@ class Detokenizer:
     ``vocab_size``, when given, makes ids outside the vocabulary decode to nothing, as vLLM does.
     """
 
-    __slots__ = ("_decode", "_skipped", "_vocab_size", "skip_special_tokens", "special_ids")
-
-    def __init__(
-        self,
-        decode: Decode,
-        special_ids: frozenset[int],
-        skip_special_tokens: bool,
-        spaces_between_special_tokens: bool = True,
-        vocab_size: int | None = None,
-    ) -> None:
-        del spaces_between_special_tokens  # accepted for vLLM's option set; see the docstring
-        self._decode = decode
-        self.special_ids = special_ids
-        self.skip_special_tokens = skip_special_tokens
-        self._skipped = special_ids if skip_special_tokens else frozenset()
-        self._vocab_size = vocab_size
+    decode: Decode
+    special_ids: frozenset[int]
+    skip_special_tokens: bool
+    spaces_between_special_tokens: bool = True
+    vocab_size: int | None = None
 
     def start(self, prompt_token_ids: Sequence[int]) -> DetokState:
         """Seed a stream from the tail of its prompt (empty for an unseeded stream)."""
         tail = self._kept(prompt_token_ids[-PROMPT_SEED_IDS:])
         # A prompt that stops inside a character would glue its bytes to the first output
         # token; drop such a tail so the output decodes as it would on its own.
-        while tail and self._decode(tail).endswith(_REPLACEMENT):
+        while tail and self.decode(tail).endswith(_REPLACEMENT):
             tail = tail[:-1]
         window = tuple(tail[-PROMPT_CONTEXT_IDS:])
         return DetokState(window=window, read_offset=len(window))
@@ -103,15 +94,15 @@ class Detokenizer:
         read = state.read_offset
         if read == len(window):
             return state, ""
-        prefix_text = self._decode(window[:read])
-        full_text = self._decode(window)
+        prefix_text = self.decode(window[:read])
+        full_text = self.decode(window)
         text = full_text[len(prefix_text) :] if len(full_text) > len(prefix_text) else ""
         return DetokState(window=window[read:], read_offset=len(window) - read), text
 
     def _kept(self, ids: Sequence[int]) -> list[int]:
         """Drop the ids vLLM renders as nothing: skipped specials and ids outside the vocab."""
-        skipped = self._skipped
-        size = self._vocab_size
+        skipped = self.special_ids if self.skip_special_tokens else frozenset()
+        size = self.vocab_size
         return [i for i in ids if i not in skipped and (size is None or 0 <= i < size)]
 
     def _advance(self, window: list[int], read: int) -> tuple[list[int], int, str]:
@@ -120,8 +111,8 @@ class Detokenizer:
         On emission the old read offset becomes the prefix offset, so the window is cut there:
         what lies before it is never decoded again.
         """
-        prefix_text = self._decode(window[:read])
-        full_text = self._decode(window)
+        prefix_text = self.decode(window[:read])
+        full_text = self.decode(window)
         if len(full_text) > len(prefix_text) and not full_text.endswith(_REPLACEMENT):
             return window[read:], len(window) - read, full_text[len(prefix_text) :]
         if len(window) - read <= MAX_HELD_IDS:
@@ -134,7 +125,7 @@ class Detokenizer:
     ) -> tuple[int, str]:
         """The latest boundary whose text later ids cannot change, and the text up to it."""
         for boundary in range(len(window) - _FLUSH_KEEP_IDS, read, -1):
-            text = self._decode(window[:boundary])
+            text = self.decode(window[:boundary])
             if full_text.startswith(text) and text.startswith(prefix_text):
                 return boundary, text[len(prefix_text) :]
         # Only reached when decoding is not prefix-stable; stop holding the run back.
