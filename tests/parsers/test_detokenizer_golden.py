@@ -165,3 +165,36 @@ def test_batch_text_matches_vllm(case: dict[str, Any]) -> None:
                 assert text == expected["message"]["content"]
             else:
                 assert text == expected["text"]
+
+
+def _outputs() -> Iterator[Any]:
+    """Every derendered output of the corpus whose model has a `tokenizer.json`."""
+    if not GOLDEN.is_dir():
+        return
+    for directory in sorted(p for p in GOLDEN.iterdir() if p.is_dir()):
+        for path in sorted((directory / "derender").glob("*.json")):
+            case = json.loads(path.read_text(encoding="utf-8"))
+            if not (SHARED / "models" / case["model"] / "tokenizer.json").is_file():
+                continue
+            for output in case.get("output", []):
+                if output["token_ids"]:
+                    name = f"{directory.name}/{case['name']}/{output['index']}"
+                    yield pytest.param(case["model"], output, id=name)
+
+
+@pytest.mark.parametrize(("model_name", "output"), list(_outputs()))
+@pytest.mark.parametrize("size", [1, 3])
+def test_every_golden_output_streams_to_its_text(
+    model_name: str, output: dict[str, Any], size: int
+) -> None:
+    # `text` is tokenizer.decode(token_ids, skip_special_tokens=False) (golden README).
+    model = _model(model_name)
+    detok = Detokenizer(model.decode, model.special_ids, skip_special_tokens=False)
+    ids = output["token_ids"]
+    state = detok.start([])
+    pieces = []
+    for start in range(0, len(ids), size):
+        state, text = detok.step(state, ids[start : start + size])
+        pieces.append(text)
+    pieces.append(detok.finish(state)[1])
+    assert "".join(pieces) == output["text"]
