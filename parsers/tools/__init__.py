@@ -1,0 +1,12 @@
+"""Tool-call families: each is a config Struct (begin/feed/close) and a call-state Struct."""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from parsers.tools.hermes import HermesCall, HermesConfig
+
+__all__ = ["ToolCallState", "ToolConfig"]
+
+ToolConfig: TypeAlias = HermesConfig
+ToolCallState: TypeAlias = HermesCall
