@@ -8,7 +8,10 @@ import pytest
 
 from tests.parsers import _golden as g
 
-REPEATED_OPEN = "a repeated <think> at the start is absorbed whatever the chunking (vLLM keeps it only for random_1_5)"
+REPEATED_OPEN = (
+    "a repeated <think> at the start is absorbed whatever the chunking "
+    "(vLLM keeps it only for random_1_5)"
+)
 THINK_IN_ANSWER = (
     "a <think> token after </think> is answer text; vLLM's whole chunking and batch drop text"
 )

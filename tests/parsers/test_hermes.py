@@ -1,4 +1,4 @@
-"""hermes tool calls against vLLM 0.33.0's golden derender cases (qwen2.5-instruct) and unit cases."""
+"""hermes tool calls: vLLM 0.33.0 golden derender cases (qwen2.5-instruct) and unit cases."""
 
 from __future__ import annotations
 
