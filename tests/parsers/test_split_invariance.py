@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ def run_roundtrip(
 
 def cut(ids: Sequence[int], points: Sequence[int]) -> list[list[int]]:
     bounds = sorted({p % (len(ids) + 1) for p in points} | {0, len(ids)})
-    return [list(ids[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)] or [[]]
+    return [list(ids[a:b]) for a, b in pairwise(bounds)] or [[]]
 
 
 def golden_fixtures() -> list[Path]:
