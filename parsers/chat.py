@@ -78,6 +78,7 @@ class ChatParser(msgspec.Struct, frozen=True):
         """Combine a reasoning and a tool configuration for one request."""
         markers: dict[int, tuple[int, str]] = {}
         if tools is not None:
+            tools = tools.bind(request)
             markers[tools.start_id] = (_TOOL_START, tools.start_text)
             markers[tools.end_id] = (_TOOL_END, tools.end_text)
         if reasoning is not None:

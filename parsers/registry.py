@@ -12,7 +12,7 @@ from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
 from parsers.reasoning import ReasoningConfig, deepseek_r1, qwen3
 from parsers.request import ParseRequest
-from parsers.tools import ToolConfig, hermes
+from parsers.tools import ToolConfig, hermes, qwen3_coder
 
 __all__ = [
     "FAMILIES",
@@ -36,6 +36,8 @@ FAMILIES: tuple[ParserFamily, ...] = (
     ParserFamily("qwen3", "reasoning", qwen3.build),
     ParserFamily("deepseek_r1", "reasoning", deepseek_r1.build),
     ParserFamily("hermes", "tool", hermes.build),
+    ParserFamily("qwen3_coder", "tool", qwen3_coder.build),
+    ParserFamily("qwen3_xml", "tool", qwen3_coder.build),
 )
 
 

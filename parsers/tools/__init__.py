@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TypeAlias
 
 from parsers.tools.hermes import HermesCall, HermesConfig
+from parsers.tools.qwen3_coder import XmlCall, XmlConfig
 
 __all__ = ["ToolCallState", "ToolConfig"]
 
-ToolConfig: TypeAlias = HermesConfig
-ToolCallState: TypeAlias = HermesCall
+ToolConfig: TypeAlias = HermesConfig | XmlConfig
+ToolCallState: TypeAlias = HermesCall | XmlCall

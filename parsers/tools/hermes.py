@@ -72,6 +72,10 @@ class HermesConfig(msgspec.Struct, frozen=True):
     end_text: str
     family: str = "hermes"
 
+    def bind(self, request: ParseRequest) -> HermesConfig:
+        """Hermes needs nothing from the request."""
+        return self
+
     def structural_tag(self, request: ParseRequest, strict_level: str) -> str | None:
         """vLLM's `hermes` structural tag for this request, or None."""
         return tool_tags_format(_TAGS, self.start_text, request, strict_level)
