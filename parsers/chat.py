@@ -112,6 +112,10 @@ class ChatParser(msgspec.Struct, frozen=True):
         """How render must change the request's sampling params (vLLM's adjust_request)."""
         return render_adjustments(self.reasoning, self.tools, self.request, self.tool_strict_level)
 
+    def structural_tag(self) -> str | None:
+        """The exact `structured_outputs.structural_tag` vLLM 0.33 renders, or None."""
+        return self.render_adjustments().structural_tag
+
     def start(self, prompt_token_ids: Sequence[int]) -> ChatState:
         """Initial state: inside reasoning unless the prompt or the template switches closed it."""
         reasoning = self.reasoning

@@ -32,3 +32,14 @@ CASES = g.chat_cases("deepseek-r1-distill-qwen")
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_golden_case(path: Path) -> None:
     g.check_case(path, STREAM, BATCH)
+
+
+@pytest.mark.skipif(not g.shared_present(), reason="../shared (models) is absent")
+def test_only_end_think_reports_empty_reasoning() -> None:
+    # vLLM: reasoning "" in batch and whole, content "" token by token; we pick the former.
+    case = g.load(CASES[0])
+    parser = g.chat_parser(case)
+    tok = g.tokenizer("deepseek-r1-distill-qwen")
+    ids = tok.encode("</think>", add_special_tokens=False).ids
+    msg = g.accumulate(g.run(parser, "deepseek-r1-distill-qwen", case["prompt_token_ids"], [ids]))
+    assert (msg.reasoning, msg.content) == ("", None)

@@ -81,3 +81,16 @@ def test_include_reasoning_false_hides_reasoning() -> None:
     msg = g.accumulate(events)
     assert (msg.reasoning, msg.content) == (None, "answer")
     assert parser.reasoning_ended([]) is True
+
+
+@pytest.mark.skipif(not g.shared_present(), reason="../shared (models) is absent")
+def test_tool_call_inside_reasoning_ends_it() -> None:
+    tok = g.tokenizer("qwen3")
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    request = ParseRequest(tools=tools, enable_auto_tools=True)
+    parser = build_chat_parser("qwen3", "hermes", g.facts("qwen3"), request)
+    assert parser is not None
+    text = '<think>plan<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    ids = tok.encode(text, add_special_tokens=False).ids
+    msg = g.accumulate(g.run(parser, "qwen3", [], [[i] for i in ids]))
+    assert (msg.reasoning, msg.content, msg.calls()) == ("plan", None, [("f", "{}")])
