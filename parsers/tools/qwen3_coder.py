@@ -15,7 +15,8 @@ so a tail that may be the start of one is held back (at most `len("</parameter>"
 Arguments stream as the JSON object vLLM builds, `{"KEY": VALUE, ...}`: one wrapping newline
 is trimmed from each value; a parameter whose schema type is only "string" (or that has no
 schema) streams as a JSON string as it arrives; any other is held until its closing tag and
-then written as the model's own JSON text when it decodes to an allowed type, else as a string.
+then written as the model's own JSON text when it decodes to an allowed type, else as a string
+(such a value is the one thing kept in the state).
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ class XmlCall(msgspec.Struct, frozen=True, tag="xml", gc=False):
 
     index: int
     mode: int = _PREAMBLE
-    held: str = ""  # partial tag, function/parameter name, or a typed value being collected
+    held: str = ""  # partial tag, or function/parameter name being read
     name: str = ""
     started: bool = False
     params: int = 0  # parameters written so far
     typed: tuple[str, ...] = ()  # allowed JSON types of the current value; () streams a string
     at_value_start: bool = True
     newline_held: bool = False  # a trailing "\n" that may be the wrapping newline
+    value: str = ""  # a typed (non-string) value, collected until its closing tag
 
 
 class XmlConfig(msgspec.Struct, frozen=True):
@@ -114,7 +116,7 @@ class XmlConfig(msgspec.Struct, frozen=True):
         if call.mode == _NAME:
             call = self._named(call, call.held, out)
         if call.mode == _VALUE:
-            call = self._end_value(call, call.held, out)
+            call = self._end_value(call, call.value + call.held, out)
         if call.mode != _AFTER:
             out.args("}" if call.params else "{}")
         out.flush()
@@ -174,7 +176,7 @@ class XmlConfig(msgspec.Struct, frozen=True):
         piece = text[:at]
         if not found:
             return self._more_value(call, piece, text[at:], out), ""
-        call = self._end_value(call, (call.held if call.typed else "") + piece, out)
+        call = self._end_value(call, call.value + piece, out)
         if tag == _PARAM_END:
             return call, text[at + len(tag) :]
         return call, text[at:]  # the next tag is handled in the body
@@ -182,7 +184,7 @@ class XmlConfig(msgspec.Struct, frozen=True):
     def _more_value(self, call: XmlCall, piece: str, tail: str, out: _Out) -> XmlCall:
         rep = msgspec.structs.replace
         if call.typed:
-            return rep(call, held=call.held + piece + tail)
+            return rep(call, value=call.value + piece, held=tail)
         if call.at_value_start and piece:
             piece = piece.removeprefix("\n")
             call = rep(call, at_value_start=False)
@@ -206,7 +208,9 @@ class XmlConfig(msgspec.Struct, frozen=True):
                 piece = "\n" + piece
             piece = piece.removesuffix("\n")
             out.args(_json_string(piece)[1:-1] + '"')
-        return msgspec.structs.replace(call, mode=_BODY, held="", typed=(), newline_held=False)
+        return msgspec.structs.replace(
+            call, mode=_BODY, held="", typed=(), newline_held=False, value=""
+        )
 
 
 class _Out:

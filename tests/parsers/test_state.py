@@ -16,11 +16,13 @@ N = 10_000
 def _max_state_bytes(prefix: str, filler: str, parser_names: tuple[str | None, str | None]) -> int:
     tok = g.tokenizer("qwen3")
     request = ParseRequest(tools=TOOLS, enable_auto_tools=True)
-    parser = build_chat_parser(*parser_names, g.facts("qwen3"), request)
+    facts = g.facts("deepseek-r1-distill-qwen" if parser_names[0] == "deepseek_r1" else "qwen3")
+    parser = build_chat_parser(*parser_names, facts, request)
     assert parser is not None
     state = parser.start([])
-    head = tok.encode(prefix, add_special_tokens=False).ids
-    state, _ = parser.feed(state, head, prefix)
+    if prefix:
+        head = tok.encode(prefix, add_special_tokens=False).ids
+        state, _ = parser.feed(state, head, prefix)
     filler_ids = tok.encode(filler, add_special_tokens=False).ids
     assert len(filler_ids) == 1, "the filler must be one token"
     largest = 0
@@ -42,6 +44,21 @@ def _max_state_bytes(prefix: str, filler: str, parser_names: tuple[str | None, s
 )
 def test_state_under_1kb_after_10k_tokens(prefix: str, filler: str) -> None:
     assert _max_state_bytes(prefix, filler, ("qwen3", "hermes")) < 1024
+
+
+@needs_shared
+@pytest.mark.parametrize(
+    ("prefix", "filler", "names"),
+    [
+        ("", " word", ("deepseek_r1", None)),  # R1 reasoning (the prompt pre-opens it)
+        ("<tool_call>\n<function=f>\n<parameter=k>\n", " word", (None, "qwen3_coder")),
+        ("<tool_call>\n<function=f>\n<parameter=k>\n", "<", (None, "qwen3_coder")),
+    ],
+)
+def test_other_families_state_bounded(
+    prefix: str, filler: str, names: tuple[str | None, str | None]
+) -> None:
+    assert _max_state_bytes(prefix, filler, names) < 1024
 
 
 def test_state_round_trips() -> None:
