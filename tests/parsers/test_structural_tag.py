@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from parsers import ParseRequest, build_chat_parser
@@ -43,7 +44,7 @@ def test_render_fields(path: Path) -> None:
         chat_template_kwargs=body.get("chat_template_kwargs") or {},
         enable_auto_tools="--enable-auto-tool-choice" in flags,
     )
-    model = "qwen3" if case["model"] == "qwen3" else case["model"]
+    model = case["model"]  # the served name is the model directory's name
     parser = build_chat_parser(
         g.flag(flags, "--reasoning-parser"),
         g.flag(flags, "--tool-call-parser"),
@@ -63,3 +64,27 @@ def test_render_fields(path: Path) -> None:
     skip = adjustments.skip_special_tokens
     assert (body.get("skip_special_tokens", True) if skip is None else skip) == want_skip
     assert parser.reasoning_ended(response["token_ids"]) == response.get("reasoning_ended")
+
+
+@pytest.mark.skipif(not g.shared_present(), reason="../shared is absent")
+@pytest.mark.parametrize("path", CASES, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")
+def test_parse_context_decodes_to_same_answers(path: Path) -> None:
+    # Derender clients send render's parse_context back; it must rebuild the same parser.
+    case = g.load(path)
+    context = case["response"].get("parse_context")
+    if context is None:
+        pytest.skip("vLLM returned no parse_context for this case")
+    flags = case["server_flags"]
+    request = msgspec.json.decode(msgspec.json.encode(context), type=ParseRequest)
+    request = msgspec.structs.replace(
+        request, enable_auto_tools="--enable-auto-tool-choice" in flags
+    )
+    parser = build_chat_parser(
+        g.flag(flags, "--reasoning-parser"),
+        g.flag(flags, "--tool-call-parser"),
+        g.facts(case["model"]),
+        request,
+    )
+    params = case["response"]["sampling_params"]
+    want_tag = (params.get("structured_outputs") or {}).get("structural_tag")
+    assert (parser.structural_tag() if parser else None) == want_tag
