@@ -7,6 +7,7 @@ Pure Python, no I/O; never imports `render_service`. Build a `ChatParser` with
 from __future__ import annotations
 
 from parsers.chat import ChatParser, ChatState
+from parsers.detokenizer import Detokenizer, DetokState
 from parsers.errors import ParserConfigError, UnknownParserError, UnsupportedModelError
 from parsers.events import (
     ContentDelta,
@@ -18,6 +19,7 @@ from parsers.events import (
 )
 from parsers.facts import TokenizerFacts
 from parsers.ids import tool_call_id
+from parsers.logprob_text import logprob_context, logprob_token_text
 from parsers.registry import build_chat_parser, known_reasoning_parsers, known_tool_parsers
 from parsers.request import ParseRequest
 from parsers.structural_tag import RenderAdjustments
@@ -26,6 +28,8 @@ __all__ = [
     "ChatParser",
     "ChatState",
     "ContentDelta",
+    "DetokState",
+    "Detokenizer",
     "Event",
     "ParseRequest",
     "ParserConfigError",
@@ -40,5 +44,7 @@ __all__ = [
     "build_chat_parser",
     "known_reasoning_parsers",
     "known_tool_parsers",
+    "logprob_context",
+    "logprob_token_text",
     "tool_call_id",
 ]
