@@ -6,7 +6,9 @@ Wire layout, then base64url without padding::
 
 The tag is HMAC-SHA256 over everything before it, keyed by a key derived from the shared secret and
 the caller's *context* (a fingerprint of model, parser config and derender-relevant flags), so a
-state issued for another model, configuration or secret fails verification. The tag is truncated
+state issued for another model, configuration or secret fails verification. An optional per-call
+``bind`` (e.g. request id and choice index) is authenticated too but not carried, so a state
+replayed into another request or choice fails as well. The tag is truncated
 to 128 bits: a forger must guess it online, one request per guess, and 2**-128 per guess is far
 beyond reach, while each chunk saves 22 characters (truncation as allowed by NIST SP 800-107).
 
@@ -93,8 +95,11 @@ class StateCodec:
         self._max_payload = max_bytes * _INFLATE_FACTOR
         self.max_bytes = max_bytes
 
-    def encode(self, value: msgspec.Struct) -> str:
-        """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``."""
+    def encode(self, value: msgspec.Struct, bind: bytes = b"") -> str:
+        """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``.
+
+        ``decode`` must be given the same ``bind``.
+        """
         payload = _ENCODER.encode(value)
         if len(payload) > self._max_payload:
             raise _fail(f"stream state is {len(payload)} bytes, over the limit of this server")
@@ -105,7 +110,7 @@ class StateCodec:
             if len(packed) < len(payload):
                 payload, flags = packed, _FLAG_DEFLATE
         body = bytes((VERSION, flags)) + payload
-        raw = body + self._tag(body)
+        raw = body + self._tag(bind, body)
         token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
         if len(token) > self.max_bytes:
             raise _fail(
@@ -113,7 +118,7 @@ class StateCodec:
             )
         return token
 
-    def decode(self, token: object, type_: type[T]) -> T:
+    def decode(self, token: object, type_: type[T], bind: bytes = b"") -> T:
         """The value inside ``token``, verified; StreamStateError (400) for anything untrusted."""
         if not isinstance(token, str):
             raise _fail(f"stream_state must be a string, not {type(token).__name__}")
@@ -128,10 +133,10 @@ class StateCodec:
                 f"(it reads version {VERSION}); restart the stream"
             )
         body, tag = raw[:-_TAG], raw[-_TAG:]
-        if not hmac.compare_digest(self._tag(body), tag):
+        if not hmac.compare_digest(self._tag(bind, body), tag):
             raise _fail(
                 "stream_state failed verification: it was altered or truncated, or was issued "
-                "for another model, configuration or secret"
+                "for another request, model, configuration or secret"
             )
         payload = self._unpack(body[1], body[_HEADER:])
         try:
@@ -139,8 +144,11 @@ class StateCodec:
         except msgspec.DecodeError as exc:
             raise _fail("stream_state does not hold a state this server can read") from exc
 
-    def _tag(self, body: bytes) -> bytes:
+    def _tag(self, bind: bytes, body: bytes) -> bytes:
         mac = self._mac.copy()
+        # Length-prefixed, so no split of bind + body is ambiguous.
+        mac.update(len(bind).to_bytes(4, "little"))
+        mac.update(bind)
         mac.update(body)
         return mac.digest()[:_TAG]
 
