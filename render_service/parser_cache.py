@@ -23,7 +23,7 @@ from typing import Final, Generic, TypeVar
 
 import msgspec
 
-__all__ = ["CacheStats", "ParserCache", "running_digest", "seed_digest"]
+__all__ = ["DIGEST_SIZE", "CacheStats", "ParserCache", "running_digest", "seed_digest"]
 
 DIGEST_SIZE: Final = 16
 _SEED_PERSON: Final = b"rs.seed"
@@ -48,12 +48,15 @@ def seed_digest(*parts: bytes) -> bytes:
 def running_digest(seed: bytes, token_ids: Sequence[int]) -> bytes:
     """``seed`` (a seed or an earlier running digest) extended by ``token_ids``, one at a time.
 
-    Ids must lie in ``[0, 2**32)``; ``running_digest(running_digest(s, a), b)`` equals
-    ``running_digest(s, a + b)`` for any split.
+    ``running_digest(running_digest(s, a), b)`` equals ``running_digest(s, a + b)`` for any
+    split. Ids must lie in ``[0, 2**32)``, else ValueError.
     """
     digest = seed
-    for token_id in token_ids:
-        digest = _step(digest, token_id)
+    try:
+        for token_id in token_ids:
+            digest = _step(digest, token_id)
+    except struct.error as exc:
+        raise _bad_ids(token_ids) from exc
     return digest
 
 
@@ -61,6 +64,11 @@ def _step(digest: bytes, token_id: int) -> bytes:
     return hashlib.blake2b(
         digest + _ID.pack(token_id), digest_size=DIGEST_SIZE, person=_STEP_PERSON
     ).digest()
+
+
+def _bad_ids(token_ids: Sequence[int]) -> ValueError:
+    bad = next((i for i in token_ids if not 0 <= i < 2**32), None)
+    return ValueError(f"token id {bad} is outside [0, 2**32)")
 
 
 class CacheStats(msgspec.Struct, frozen=True, gc=False):
@@ -78,7 +86,7 @@ class ParserCache(Generic[V]):
 
     ``max_entries`` bounds the size (least recently checked-in goes first; 0 disables the cache);
     ``ttl_seconds`` is how long an entry lives after its check-in; ``clock`` is injectable for
-    tests and must not go backwards.
+    tests and must not go backwards. Values must not be None (None means "not cached").
     """
 
     def __init__(
@@ -141,13 +149,17 @@ class ParserCache(Generic[V]):
         """Check out the entry at the longest cached prefix of ``history`` under ``seed``.
 
         Returns ``(k, value)`` where ``k`` ids of ``history`` are covered by the entry (0 for the
-        seed itself), or None. Costs one hash per id, done outside the lock.
+        seed itself), or None. Costs one hash per id, done outside the lock; ValueError for an
+        id outside ``[0, 2**32)``.
         """
         digests = [seed]
         digest = seed
-        for token_id in history:
-            digest = _step(digest, token_id)
-            digests.append(digest)
+        try:
+            for token_id in history:
+                digest = _step(digest, token_id)
+                digests.append(digest)
+        except struct.error as exc:
+            raise _bad_ids(history) from exc
         now = self._clock()
         with self._lock:
             for k in range(len(digests) - 1, -1, -1):

@@ -8,9 +8,11 @@ The tag is HMAC-SHA256 over everything before it, keyed by a key derived from th
 the caller's *context* (a fingerprint of model, parser config and derender-relevant flags), so a
 state issued for another model, configuration or secret fails verification. An optional per-call
 ``bind`` (e.g. request id and choice index) is authenticated too but not carried, so a state
-replayed into another request or choice fails as well. The tag is truncated
-to 128 bits: a forger must guess it online, one request per guess, and 2**-128 per guess is far
-beyond reach, while each chunk saves 22 characters (truncation as allowed by NIST SP 800-107).
+replayed into another request or choice fails as well.
+
+The tag is truncated to 128 bits: a forger must guess it online, one request per guess, and
+2**-128 per guess is far beyond reach, while each chunk saves 22 characters (NIST SP 800-107
+allows truncation to this length).
 
 The state is signed, not encrypted: a client can read it. It must never carry secrets.
 """
@@ -79,7 +81,7 @@ class StateCodec:
 
     ``secret`` is shared by every replica that may continue a stream (use 32 random bytes);
     ``context`` fingerprints what makes a state meaningful; ``max_bytes`` bounds the token length,
-    checked before any other work on decode. Thread-safe: it holds no mutable state.
+    checked before any other work on decode. Thread-safe: it is never mutated after construction.
     """
 
     __slots__ = ("_mac", "_max_payload", "max_bytes")
@@ -162,7 +164,7 @@ class StateCodec:
             out = inflater.decompress(payload, self._max_payload)
         except zlib.error as exc:
             raise _fail("stream_state payload is corrupt") from exc
-        if inflater.unconsumed_tail or not inflater.eof:
+        if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
             raise _fail("stream_state payload is corrupt or too large")
         return out
 

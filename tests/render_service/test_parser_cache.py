@@ -194,6 +194,15 @@ def test_seed_parts_do_not_blur() -> None:
     assert seed_digest(b"a", b"b") == seed_digest(b"a", b"b")
 
 
+@pytest.mark.parametrize("bad", [-1, 2**32, 2**40])
+def test_ids_out_of_range_are_a_value_error(bad: int) -> None:
+    with pytest.raises(ValueError, match=str(bad)):
+        running_digest(SEED, [1, bad, 2])
+    cache, _ = make()
+    with pytest.raises(ValueError, match=str(bad)):
+        cache.longest_prefix(SEED, [1, bad])
+
+
 def test_constructor_checks() -> None:
     with pytest.raises(ValueError, match="max_entries"):
         ParserCache[str](-1, 1.0)

@@ -240,6 +240,7 @@ def test_signed_but_malformed_payloads_are_rejected() -> None:
     deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
     truncated = deflate.compress(payload) + deflate.flush()
     rejects(c, signed(c, version + b"\x01" + truncated[:-2]), "corrupt")
+    rejects(c, signed(c, version + b"\x01" + truncated + b"\x00"), "corrupt")
     deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
     bomb = deflate.compress(b"\x00" * (256 * 64)) + deflate.flush()
     rejects(c, signed(c, version + b"\x01" + bomb), "too large")
