@@ -15,10 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from parsers.logprob_text import LOGPROB_CONTEXT_IDS, logprob_context, logprob_token_text
+
+if TYPE_CHECKING:
+    import tokenizers
 
 __all__ = [
     "ChatCompletionLogProb",
@@ -116,6 +120,21 @@ class TokenTexts:
         self._decode = decode
         self._known = known
         self._single = lru_cache(maxsize=cache_size)(self._decode_one)
+
+    @classmethod
+    def for_tokenizer(
+        cls, tokenizer: tokenizers.Tokenizer, *, cache_size: int = DEFAULT_CACHE_SIZE
+    ) -> TokenTexts:
+        """Texts from a byte-level ``tokenizers.Tokenizer`` (SentencePiece needs its leading
+        space restored on single ids, which this does not do)."""
+
+        def decode(ids: Sequence[int]) -> str:
+            return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+        def known(token_id: int) -> bool:
+            return tokenizer.id_to_token(token_id) is not None
+
+        return cls(decode, known, cache_size=cache_size)
 
     def _decode_one(self, token_id: int) -> str:
         return self._decode([token_id])

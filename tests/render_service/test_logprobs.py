@@ -39,13 +39,7 @@ def needs_model(model: str) -> None:
 
 @cache
 def _texts(model: str) -> TokenTexts:
-    tok = _tokenizer(model)
-
-    def decode(ids: Sequence[int]) -> str:
-        text: str = tok.decode(list(ids), skip_special_tokens=False)
-        return text
-
-    return TokenTexts(decode, lambda token_id: tok.id_to_token(token_id) is not None)
+    return TokenTexts.for_tokenizer(_tokenizer(model))
 
 
 def _asks_for_logprobs(case: dict[str, Any]) -> bool:
