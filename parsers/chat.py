@@ -132,12 +132,37 @@ class ChatParser(msgspec.Struct, frozen=True):
     ) -> tuple[ChatState, list[Event]]:
         """Parse one chunk: `text` is the decode of exactly `token_ids`, special tokens kept."""
         events: list[Event] = []
+        phase = state.phase
         for marker, piece in split_at_markers(token_ids, text, self.spellings):
             if marker is None:
                 state = self._text(state, piece, events)
             else:
+                if (
+                    phase == REASONING
+                    and state.phase == REASONING
+                    and self._legacy_end(marker)
+                    and len(token_ids) > 1
+                    and not any(isinstance(e, ReasoningDelta) for e in events)
+                ):
+                    self._emit(ReasoningDelta(""), events)
                 state = self._marker(state, self.markers[marker], events)
+        if not events and self.reasoning is not None and self.reasoning.empty_deltas:
+            lone_marker = len(token_ids) == 1 and token_ids[0] in self.markers
+            if not lone_marker:
+                if state.phase == REASONING:
+                    self._emit(ReasoningDelta(""), events)
+                elif state.phase == CONTENT and not (self.tools_active and state.tool_seen):
+                    events.append(ContentDelta(""))
         return state, events
+
+    def _legacy_end(self, marker: int) -> bool:
+        """An end-of-reasoning token under vLLM's legacy streaming (see `empty_deltas`)."""
+        reasoning = self.reasoning
+        return reasoning is not None and reasoning.empty_deltas and marker == reasoning.end_id
+
+    def _emit(self, event: ReasoningDelta, events: list[Event]) -> None:
+        if self.request.include_reasoning:
+            events.append(event)
 
     def finish(self, state: ChatState) -> tuple[ChatState, list[Event]]:
         """End of output: close an open tool call and report reasoning that never closed."""

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from render_service import __version__
+from render_service.derender import Derenderer, build_derenderer
 from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
 from render_service.protocol._base import decode_body
 from render_service.protocol.chat import ChatCompletionRequest
@@ -33,7 +34,6 @@ from render_service.protocol.tokenize import (
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
-from render_service.derender import Derenderer, build_derenderer
 from render_service.render import Renderer
 
 log = logging.getLogger("render_service")
@@ -85,7 +85,11 @@ class Service:
     """Request handlers bound to one Renderer and one worker pool."""
 
     def __init__(
-        self, renderer: Renderer, derenderer: Derenderer, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+        self,
+        renderer: Renderer,
+        derenderer: Derenderer,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
         self.renderer = renderer
         self.derenderer = derenderer
@@ -148,7 +152,9 @@ class Service:
         data = await self.body(request)
         if decode_body(data, _stream_flag_decoder).stream is True:
             stream_body = decode_body(data, _derender_chat_stream_decoder)
-            return MsgspecResponse(await self.run(self.derenderer.derender_chat_stream, stream_body))
+            return MsgspecResponse(
+                await self.run(self.derenderer.derender_chat_stream, stream_body)
+            )
         body = decode_body(data, _derender_chat_decoder)
         return MsgspecResponse(await self.run(self.derenderer.derender_chat, body))
 
@@ -156,7 +162,9 @@ class Service:
         data = await self.body(request)
         if decode_body(data, _stream_flag_decoder).stream is True:
             stream_body = decode_body(data, _derender_cmpl_stream_decoder)
-            return MsgspecResponse(await self.run(self.derenderer.derender_completion_stream, stream_body))
+            return MsgspecResponse(
+                await self.run(self.derenderer.derender_completion_stream, stream_body)
+            )
         body = decode_body(data, _derender_cmpl_decoder)
         return MsgspecResponse(await self.run(self.derenderer.derender_completion, body))
 
@@ -254,7 +262,9 @@ def build_app(renderer: Renderer) -> Starlette:
     """The Starlette application for one model."""
     import time
 
-    service = Service(renderer, build_derenderer(renderer), max_body_bytes=renderer.settings.max_body_bytes)
+    service = Service(
+        renderer, build_derenderer(renderer), max_body_bytes=renderer.settings.max_body_bytes
+    )
     service.created = int(time.time())
     g = service.guarded
     routes = [

@@ -31,7 +31,7 @@ from parsers import (
 )
 from render_service import logprobs as lp
 from render_service import requests as checks
-from render_service.errors import InvalidRequest
+from render_service.errors import InvalidRequest, SchemaError
 from render_service.parser_cache import ParserCache, running_digest, seed_digest
 from render_service.protocol._base import convert
 from render_service.protocol.chat import ChatCompletionRequest
@@ -71,8 +71,8 @@ class OutputOptions(msgspec.Struct, frozen=True, array_like=True, gc=False):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] = ()
-    top_logprobs: int | None = None
-    logprob_token_ids: tuple[int, ...] | None = None
+    #: Logprob candidates kept per position (None: all that generate sent).
+    logprob_limit: int | None = None
     return_token_ids: bool = False
     include_reasoning: bool = True
     parallel_tool_calls: bool = True
@@ -131,7 +131,9 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
 class Derenderer:
     """Derenders outputs of one model, with the server's parser flags, cache and state codec."""
 
-    def __init__(self, renderer: Renderer, codec: StateCodec, cache: ParserCache[CachedState]) -> None:
+    def __init__(
+        self, renderer: Renderer, codec: StateCodec, cache: ParserCache[CachedState]
+    ) -> None:
         self.renderer = renderer
         self.model = renderer.model
         self.parsing = renderer.parsing
@@ -144,11 +146,16 @@ class Derenderer:
         self._vocab = self.model.vocab_size
         backend = self.model.backend
         self._decode = lambda ids: backend.decode(list(ids), skip_special_tokens=False)
+        self._texts = lp.TokenTexts(
+            self._decode, lambda token: backend.id_to_token(token) is not None
+        )
         self._detok = {
             skip: Detokenizer(self._decode, self._special_ids, skip, vocab_size=self._vocab)
             for skip in (True, False)
         }
-        self._seed = seed_digest(self.model.info.served_model_name.encode(), repr(self._parser_flags()).encode())
+        self._seed = seed_digest(
+            self.model.info.served_model_name.encode(), repr(self._parser_flags()).encode()
+        )
 
     def _parser_flags(self) -> tuple[str | None, str | None]:
         if self.parsing is None:
@@ -176,8 +183,9 @@ class Derenderer:
             skip_special_tokens=False if self.has_parser else skip,
             include_stop_str_in_output=request.include_stop_str_in_output,
             stop_token_ids=tuple(request.stop_token_ids or ()),
-            top_logprobs=(request.top_logprobs or 0) if request.logprobs else None,
-            logprob_token_ids=tuple(request.logprob_token_ids) if request.logprob_token_ids else None,
+            logprob_limit=lp.chat_top_limit(
+                request.logprobs, request.top_logprobs, request.logprob_token_ids
+            ),
             return_token_ids=bool(request.return_token_ids),
             include_reasoning=request.include_reasoning,
             parallel_tool_calls=request.parallel_tool_calls is not False,
@@ -230,7 +238,11 @@ class Derenderer:
         )
 
     def _stream_seed(
-        self, request_id: str, index: int, options: OutputOptions, parse_request: ParseRequest | None
+        self,
+        request_id: str,
+        index: int,
+        options: OutputOptions,
+        parse_request: ParseRequest | None,
     ) -> bytes:
         """Cache-key seed: model and parser flags, the parse context, the request and the choice."""
         return seed_digest(
@@ -270,7 +282,7 @@ class Derenderer:
         events: list[Event] = []
         parser_state = state.parser
         if parser is not None and parser_state is not None:
-            if kept or text:
+            if ids or finished:
                 parser_state, events = parser.feed(parser_state, kept, text)
             if finished:
                 parser_state, more = parser.finish(parser_state)
@@ -309,7 +321,14 @@ class Derenderer:
             completion_tokens += len(choice.token_ids)
             choices.append(
                 self._batch_chat_choice(
-                    response.request_id, choice, prompt_ids, parser_prompt, options, parse_request, stops, min_tokens
+                    response.request_id,
+                    choice,
+                    prompt_ids,
+                    parser_prompt,
+                    options,
+                    parse_request,
+                    stops,
+                    min_tokens,
                 )
             )
         return {
@@ -323,7 +342,9 @@ class Derenderer:
             "usage": _usage(body.prompt_tokens or 0, completion_tokens),
             "prompt_logprobs": response.prompt_logprobs,
             "prompt_token_ids": (
-                response.prompt_token_ids if request is not None and request.return_token_ids else None
+                response.prompt_token_ids
+                if request is not None and request.return_token_ids
+                else None
             ),
             "prompt_text": None,
             "kv_transfer_params": response.kv_transfer_params,
@@ -347,7 +368,9 @@ class Derenderer:
         finish_reason = choice.finish_reason or "stop"
         pieces = self._decode_pieces(prompt_ids, kept, options.skip_special_tokens)
         text = "".join(pieces)
-        cut = _stop_string_cut(text, pieces, stops, stop_reason, min_tokens, options.include_stop_str_in_output)
+        cut = _stop_string_cut(
+            text, pieces, stops, stop_reason, min_tokens, options.include_stop_str_in_output
+        )
         if cut is not None:
             text_end, matched = cut
             kept, text = _ids_for_text(kept, pieces, text_end), text[:text_end]
@@ -361,6 +384,8 @@ class Derenderer:
             state, events = parser.feed(state, kept, text)
             state, more = parser.finish(state)
             reasoning, content, calls = _assemble(events + more, request_id, choice.index, options)
+            if content is None and not calls and parser.reasoning is None:
+                content = ""  # vLLM: without a reasoning parser the whole (empty) text is content
             if calls and finish_reason == "stop" and not options.named_tool:
                 finish_reason = "tool_calls"
         message: dict[str, Any] = {
@@ -401,21 +426,23 @@ class Derenderer:
 
     def _chat_logprobs(
         self, choice: GenerateChoice, options: OutputOptions, context: tuple[int, ...]
-    ) -> tuple[Any, tuple[int, ...]]:
-        if choice.logprobs is None or options.top_logprobs is None and options.logprob_token_ids is None:
+    ) -> tuple[lp.ChatCompletionLogProbs | None, tuple[int, ...]]:
+        if choice.logprobs is None:
             return None, context
         return lp.chat_logprobs(
-            choice.logprobs.get("content") or [],
-            self._decode,
-            top_logprobs=options.top_logprobs,
-            logprob_token_ids=list(options.logprob_token_ids) if options.logprob_token_ids else None,
+            choice.logprobs.content,
+            self._texts,
+            top_limit=options.logprob_limit,
             context_ids=context,
+            sampled_ids=choice.token_ids,
         )
 
     def _check_bounds(self, choices: list[GenerateChoice], prompt_ids: list[int] | None) -> None:
         limit = self.model.info.max_model_len
         if prompt_ids is not None and len(prompt_ids) > limit:
-            raise InvalidRequest(f"prompt_token_ids has {len(prompt_ids)} ids, more than max_model_len={limit}")
+            raise InvalidRequest(
+                f"prompt_token_ids has {len(prompt_ids)} ids, more than max_model_len={limit}"
+            )
         for choice in choices:
             if choice.token_ids is not None and len(choice.token_ids) > limit:
                 raise InvalidRequest(
@@ -432,7 +459,9 @@ class Derenderer:
         if request is not None and checks.stop_list(request.stop):
             raise InvalidRequest(STREAM_STOP_STRINGS)
         if len(chunk.choices) > 1:
-            raise InvalidRequest(f"derender_chat_stream expects at most one choice per chunk (got {len(chunk.choices)}).")
+            raise InvalidRequest(
+                f"derender_chat_stream expects at most one choice per chunk (got {len(chunk.choices)})."
+            )
         state = self._load_state(body.stream_state, chunk, request, body.prompt_token_ids)
         if not chunk.choices:
             return {"chunk": self._chat_chunk(body, chunk, []), "stream_state": body.stream_state}
@@ -443,7 +472,9 @@ class Derenderer:
         finished = choice.finish_reason is not None
         result = self._step(state, choice, finished, parser)
         options = state.options
-        reasoning, content, calls = _delta_parts(result.events, chunk.request_id, choice.index, options)
+        reasoning, content, calls = _delta_parts(
+            result.events, chunk.request_id, choice.index, options
+        )
         if parser is None:
             content = result.text or None
         finish_reason = choice.finish_reason
@@ -476,7 +507,10 @@ class Derenderer:
         }
         new_state = msgspec.structs.replace(result.state, role_sent=True, logprob_context=context)
         token = self._store(new_state, finished)
-        return {"chunk": self._chat_chunk(body, chunk, [out_choice], request), "stream_state": token}
+        return {
+            "chunk": self._chat_chunk(body, chunk, [out_choice], request),
+            "stream_state": token,
+        }
 
     def _chat_chunk(
         self,
@@ -487,7 +521,11 @@ class Derenderer:
     ) -> dict[str, Any]:
         usage = None
         if chunk.usage is not None:
-            prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else chunk.usage.get("prompt_tokens", 0)
+            prompt_tokens = (
+                body.prompt_tokens
+                if body.prompt_tokens is not None
+                else chunk.usage.get("prompt_tokens", 0)
+            )
             usage = _usage(prompt_tokens or 0, chunk.usage.get("completion_tokens") or 0)
         return_ids = request is not None and request.return_token_ids
         return {
@@ -540,7 +578,8 @@ class Derenderer:
         state = self._decode_state(raw)
         if state.request_id != chunk.request_id or state.index != choice.index:
             raise InvalidRequest(
-                "stream_state belongs to another stream (request id or choice index differ)", "stream_state"
+                "stream_state belongs to another stream (request id or choice index differ)",
+                "stream_state",
             )
         return state
 
@@ -549,7 +588,9 @@ class Derenderer:
         if isinstance(token, str):
             digest_hex, dot, signed = token.partition(".")
             if dot and len(digest_hex) == 32:
-                cached = self.cache.check_out(bytes.fromhex(digest_hex)) if _is_hex(digest_hex) else None
+                cached = (
+                    self.cache.check_out(bytes.fromhex(digest_hex)) if _is_hex(digest_hex) else None
+                )
                 if cached is not None and hmac.compare_digest(cached[0], signed):
                     return cached[1]
                 token = signed
@@ -567,14 +608,20 @@ class Derenderer:
         vllm_state = convert(raw, VllmStreamState, "body.stream_state")
         history = vllm_state.output_token_ids
         if sum(vllm_state.output_chunk_lens) != len(history):
-            raise InvalidRequest("stream_state.output_chunk_lens must sum to len(output_token_ids)", "stream_state")
+            raise SchemaError(
+                "1 validation error:\n  {'loc': 'body.stream_state', 'msg': 'Value error, "
+                "output_chunk_lens must sum to len(output_token_ids)'}",
+                "body.stream_state",
+            )
         state = fresh
         done = 0
         found = self.cache.longest_prefix(fresh.digest, history)
         if found is not None:
             done, (_, state) = found
         if done < len(history):
-            rest = GenerateChoice(index=fresh.index, finish_reason=None, token_ids=list(history[done:]))
+            rest = GenerateChoice(
+                index=fresh.index, finish_reason=None, token_ids=list(history[done:])
+            )
             state = self._step(state, rest, False, self._parser(state.parse_request)).state
         return msgspec.structs.replace(
             state,
@@ -590,10 +637,15 @@ class Derenderer:
         responses = body.generate_responses
         if not responses:
             raise InvalidRequest("generate_responses must not be empty")
-        for name, values in (("prompt_tokens", body.prompt_tokens), ("prompt_token_ids", body.prompt_token_ids)):
+        for name, values in (
+            ("prompt_tokens", body.prompt_tokens),
+            ("prompt_token_ids", body.prompt_token_ids),
+        ):
             if values is not None and len(values) != len(responses):
-                raise InvalidRequest(
-                    f"{name} length ({len(values)}) must equal generate_responses length ({len(responses)})"
+                message = f"{name} length ({len(values)}) must equal generate_responses length ({len(responses)})"
+                raise SchemaError(
+                    f"1 validation error:\n  {{'loc': 'body', 'msg': 'Value error, {message}'}}",
+                    "body",
                 )
         request = (
             convert(body.completion_request, CompletionRequest, "body.completion_request")
@@ -619,7 +671,9 @@ class Derenderer:
                 finish_reason = choice.finish_reason or "stop"
                 pieces = self._decode_pieces(prompt_ids, kept, options.skip_special_tokens)
                 text = "".join(pieces)
-                cut = _stop_string_cut(text, pieces, stops, stop_reason, min_tokens, options.include_stop_str_in_output)
+                cut = _stop_string_cut(
+                    text, pieces, stops, stop_reason, min_tokens, options.include_stop_str_in_output
+                )
                 if cut is not None:
                     text = text[: cut[0]]
                     stop_reason, finish_reason = cut[1], "stop"
@@ -658,15 +712,16 @@ class Derenderer:
 
     def _completion_logprobs(
         self, choice: GenerateChoice, options: OutputOptions, context: tuple[int, ...], offset: int
-    ) -> tuple[Any, tuple[int, ...], int]:
-        if choice.logprobs is None or options.top_logprobs is None:
-            return None, context, offset
+    ) -> tuple[lp.CompletionLogProbs | None, tuple[int, ...]]:
+        if choice.logprobs is None:
+            return None, context
         return lp.completion_logprobs(
-            choice.logprobs.get("content") or [],
-            self._decode,
-            logprobs=options.top_logprobs,
-            text_offset_start=offset,
+            choice.logprobs.content,
+            self._texts,
+            top_limit=options.logprob_limit,
             context_ids=context,
+            text_offset=offset,
+            sampled_ids=choice.token_ids,
         )
 
     def derender_completion_stream(self, body: DerenderCompletionStreamRequest) -> dict[str, Any]:
@@ -688,22 +743,30 @@ class Derenderer:
         if chunk.choices:
             choice = chunk.choices[0]
             if body.stream_state is None or isinstance(body.stream_state, dict):
-                ids = body.prompt_token_ids if body.prompt_token_ids is not None else (chunk.prompt_token_ids or [])
-                state = self._new_state(chunk.request_id, choice.index, ids, _completion_options(request), None)
+                ids = (
+                    body.prompt_token_ids
+                    if body.prompt_token_ids is not None
+                    else (chunk.prompt_token_ids or [])
+                )
+                state = self._new_state(
+                    chunk.request_id, choice.index, ids, _completion_options(request), None
+                )
                 if isinstance(body.stream_state, dict):
                     state = self._resume_vllm_state(body.stream_state, state)
             else:
                 state = self._decode_state(body.stream_state)
                 if state.request_id != chunk.request_id or state.index != choice.index:
                     raise InvalidRequest(
-                        "stream_state belongs to another stream (request id or choice index differ)", "stream_state"
+                        "stream_state belongs to another stream (request id or choice index differ)",
+                        "stream_state",
                     )
             self._check_stream_length(state, choice)
             finished = choice.finish_reason is not None
             result = self._step(state, choice, finished, None)
-            logprobs, context, offset = self._completion_logprobs(
+            logprobs, context = self._completion_logprobs(
                 choice, state.options, state.logprob_context, state.text_offset
             )
+            offset = lp.advance_text_offset(state.text_offset, logprobs, result.text)
             options = state.options
             choices_out.append(
                 {
@@ -712,8 +775,11 @@ class Derenderer:
                     "logprobs": logprobs,
                     "finish_reason": choice.finish_reason,
                     "stop_reason": result.stop_reason,
-                    "prompt_token_ids": chunk.prompt_token_ids if options.return_token_ids else None,
+                    "prompt_token_ids": chunk.prompt_token_ids
+                    if options.return_token_ids
+                    else None,
                     "token_ids": choice.token_ids if options.return_token_ids else None,
+                    "weight_versions": choice.weight_versions,
                 }
             )
             new_state = msgspec.structs.replace(
@@ -722,7 +788,11 @@ class Derenderer:
             token = self._store(new_state, finished)
         usage = None
         if chunk.usage is not None:
-            prompt_tokens = body.prompt_tokens if body.prompt_tokens is not None else chunk.usage.get("prompt_tokens", 0)
+            prompt_tokens = (
+                body.prompt_tokens
+                if body.prompt_tokens is not None
+                else chunk.usage.get("prompt_tokens", 0)
+            )
             usage = _usage(prompt_tokens or 0, chunk.usage.get("completion_tokens") or 0)
         out = {
             "id": chunk.request_id,
@@ -731,6 +801,9 @@ class Derenderer:
             "model": body.model or self.renderer.model_name,
             "choices": choices_out,
             "usage": usage,
+            "system_fingerprint": None,
+            "metrics": chunk.metrics,
+            "kv_transfer_params": None,
         }
         return {"chunk": out, "stream_state": token}
 
@@ -739,10 +812,12 @@ def _completion_options(request: CompletionRequest | None) -> OutputOptions:
     if request is None:
         return OutputOptions()
     return OutputOptions(
-        skip_special_tokens=request.skip_special_tokens if request.skip_special_tokens is not None else True,
+        skip_special_tokens=request.skip_special_tokens
+        if request.skip_special_tokens is not None
+        else True,
         include_stop_str_in_output=request.include_stop_str_in_output,
         stop_token_ids=tuple(request.stop_token_ids or ()),
-        top_logprobs=request.logprobs,
+        logprob_limit=lp.completion_top_limit(request.logprobs, request.logprob_token_ids),
         return_token_ids=bool(request.return_token_ids),
     )
 
@@ -751,7 +826,11 @@ def _lean(parse_request: ParseRequest | None) -> ParseRequest | None:
     """What the parser still needs after ``start``: tool names and schemas, no prose or template kwargs."""
     if parse_request is None:
         return None
-    tools = [_strip_descriptions(t) for t in parse_request.tools] if parse_request.tools else parse_request.tools
+    tools = (
+        [_strip_descriptions(t) for t in parse_request.tools]
+        if parse_request.tools
+        else parse_request.tools
+    )
     return msgspec.structs.replace(parse_request, tools=tools, chat_template_kwargs={})
 
 
@@ -825,7 +904,10 @@ def _assemble(
         {
             "id": tool_call_id(request_id, index, tool_index),
             "type": "function",
-            "function": {"name": names[tool_index], "arguments": "".join(arguments.get(tool_index, []))},
+            "function": {
+                "name": names[tool_index],
+                "arguments": "".join(arguments.get(tool_index, [])),
+            },
         }
         for tool_index in sorted(names)
         if options.parallel_tool_calls or tool_index == 0
@@ -881,7 +963,13 @@ def build_derenderer(renderer: Renderer) -> Derenderer:
     settings = renderer.settings
     secret = settings.state_secret.encode() if settings.state_secret else random_secret()
     context = msgspec.json.encode(
-        [STATE_VERSION, renderer.model_name, settings.reasoning_parser, settings.tool_call_parser, settings.enable_auto_tool_choice]
+        [
+            STATE_VERSION,
+            renderer.model_name,
+            settings.reasoning_parser,
+            settings.tool_call_parser,
+            settings.enable_auto_tool_choice,
+        ]
     )
     codec = StateCodec(secret, context, max_bytes=settings.max_stream_state_bytes)
     cache: ParserCache[CachedState] = ParserCache(

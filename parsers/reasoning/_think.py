@@ -25,6 +25,10 @@ class ReasoningConfig(msgspec.Struct, frozen=True):
     drop_end_in_content: bool = False
     #: Reasoning that closes with no text still reports `""` (vLLM's R1 parser does).
     report_empty_reasoning: bool = False
+    #: vLLM's legacy (text-accumulating) streaming: a chunk that adds no text to its phase still
+    #: yields an empty delta for it, and a chunk that crosses the end token always reports the
+    #: reasoning part before it, even when empty. Only a lone marker token yields nothing.
+    empty_deltas: bool = False
     #: The family's adjust_request sets skip_special_tokens=False (engine-based parsers do).
     keeps_special_tokens: bool = False
     #: Ids that end a turn; the prompt look-back stops there.

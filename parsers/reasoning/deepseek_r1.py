@@ -24,4 +24,5 @@ def build(facts: TokenizerFacts) -> ReasoningConfig:
         end_id=facts.marker_id("</think>", "deepseek_r1"),
         end_text="</think>",
         report_empty_reasoning=True,
+        empty_deltas=True,
     )

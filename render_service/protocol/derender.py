@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from render_service.logprobs import GenerateLogProbs
 from render_service.protocol._base import Body
 
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
@@ -16,7 +17,7 @@ class GenerateChoice(msgspec.Struct, kw_only=True):
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     token_ids: list[TokenId] | None = None
-    logprobs: dict[str, Any] | None = None
+    logprobs: GenerateLogProbs | None = None
     routed_experts: str | None = None
     sampling_mask: list[list[int]] | None = None
     weight_versions: list[dict[str, Any]] | None = None
@@ -49,7 +50,7 @@ class GenerateChunk(msgspec.Struct, kw_only=True):
     metrics: Any = None
 
 
-class DerenderChatRequest(Body):
+class DerenderChatRequest(Body, kw_only=True):
     stream: Literal[False] = False
     model: str | None = None
     generate_response: GenerateResponse
@@ -58,7 +59,7 @@ class DerenderChatRequest(Body):
     chat_request: dict[str, Any] | None = None
 
 
-class DerenderChatStreamRequest(Body):
+class DerenderChatStreamRequest(Body, kw_only=True):
     """One generate chunk plus the state the previous call returned (None on the first call).
 
     Lean protocol: once a state is carried, ``prompt_token_ids`` and ``chat_request`` may be left out.
@@ -73,7 +74,7 @@ class DerenderChatStreamRequest(Body):
     chat_request: dict[str, Any] | None = None
 
 
-class DerenderCompletionRequest(Body):
+class DerenderCompletionRequest(Body, kw_only=True):
     stream: Literal[False] = False
     model: str | None = None
     generate_responses: list[GenerateResponse]
@@ -82,7 +83,7 @@ class DerenderCompletionRequest(Body):
     completion_request: dict[str, Any] | None = None
 
 
-class DerenderCompletionStreamRequest(Body):
+class DerenderCompletionStreamRequest(Body, kw_only=True):
     stream: Literal[True]
     generate_chunk: GenerateChunk
     model: str | None = None
@@ -99,9 +100,13 @@ class VllmStreamState(msgspec.Struct, kw_only=True):
     prefix_offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     read_offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     role_sent: bool = False
-    logprob_context_token_ids: Annotated[list[int], msgspec.Meta(max_length=4)] = msgspec.field(default_factory=list)
+    logprob_context_token_ids: Annotated[list[int], msgspec.Meta(max_length=4)] = msgspec.field(
+        default_factory=list
+    )
     logprob_text_offset: Annotated[int, msgspec.Meta(ge=0)] = 0
     output_token_ids: list[TokenId] = msgspec.field(default_factory=list)
-    output_chunk_lens: list[Annotated[int, msgspec.Meta(gt=0)]] = msgspec.field(default_factory=list)
+    output_chunk_lens: list[Annotated[int, msgspec.Meta(gt=0)]] = msgspec.field(
+        default_factory=list
+    )
     tools_streamed: bool = False
     last_tool_call_ids: list[str] = msgspec.field(default_factory=list)
