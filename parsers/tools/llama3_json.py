@@ -11,7 +11,8 @@ Whether the answer is a call is decided at its start, holding back only leading 
 `<|python_tag|>`, and `{` up to its first key: the object is a call when that key is
 `"name"`, `"parameters"` or `"arguments"`; anything else (prose, JSON that is not a call) is
 content to the end. Call objects are scanned by the Hermes lexer (`scan_object`), so the
-arguments are forwarded exactly as written.
+arguments are forwarded exactly as written. After a call, whatever is not `; ` and another
+call is dropped, as vLLM does in both modes.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ _OPEN = 1  # after "{": held up to the first key
 _OBJECT = 2  # inside a call object
 _BETWEEN = 3  # after a call: "; " and whitespace separate calls
 _CONTENT = 4  # not a call: everything to the end is content
+_DROP = 5  # not a call, after a call: everything to the end is dropped
 
 _CALL_KEYS = ("name", "parameters", "arguments")
 _WHITESPACE = " \t\r\n"
@@ -57,6 +59,7 @@ class LlamaCall(msgspec.Struct, frozen=True, tag="llama3_json", gc=False):
     in_key: bool = False  # `held` ends inside the first key's string
     key: str = ""
     obj: HermesCall | None = None
+    after_call: bool = False  # an object was read: what is not a call is now dropped
 
 
 class LlamaConfig(msgspec.Struct, frozen=True):
@@ -80,8 +83,9 @@ class LlamaConfig(msgspec.Struct, frozen=True):
         return json_call_format(_TAG, _TRIGGER, list(_EXCLUDES), request, strict_level)
 
     def begin(self, index: int) -> LlamaCall:
-        """`<|python_tag|>` was seen: its spelling is content unless a call follows."""
-        return LlamaCall(index=index, held=self.start_text)
+        """`<|python_tag|>` was seen: a call may follow; if not, the tag is content (before
+        any call) or dropped (after calls, like any text there)."""
+        return LlamaCall(index=index, held=self.start_text, after_call=index > 0)
 
     def begin_answer(self, index: int) -> LlamaCall:
         """The answer starts: it may be calls (no token announces them)."""
@@ -99,7 +103,7 @@ class LlamaConfig(msgspec.Struct, frozen=True):
             return []
         if call.obj is not None:
             return [ToolCallEnd(call.obj.index)] if call.obj.started else []
-        return [ContentDelta(call.held)] if call.held else []
+        return [ContentDelta(call.held)] if call.held and not call.after_call else []
 
 
 def build(facts: TokenizerFacts) -> LlamaConfig:
@@ -119,9 +123,14 @@ def _scan(call: LlamaCall, text: str) -> tuple[LlamaCall, list[Event]]:
         call.obj,
         call.index,
     )
+    after_call = call.after_call
     events: list[Event] = []
     i, n = 0, len(text)
     while i < n:
+        if mode == _CONTENT and after_call:
+            mode, held = _DROP, ""
+        if mode == _DROP:
+            break
         if mode == _CONTENT:
             events.append(ContentDelta(held + text[i:]))
             held = ""
@@ -134,7 +143,7 @@ def _scan(call: LlamaCall, text: str) -> tuple[LlamaCall, list[Event]]:
                 if obj.started:
                     events.append(ToolCallEnd(obj.index))
                     index = obj.index + 1
-                obj, mode = None, _BETWEEN
+                obj, mode, after_call = None, _BETWEEN, True
             continue
         c = text[i]
         if mode in (_LEAD, _BETWEEN):
@@ -171,5 +180,7 @@ def _scan(call: LlamaCall, text: str) -> tuple[LlamaCall, list[Event]]:
             i += 1
         else:
             mode = _CONTENT
-    new_call = LlamaCall(index=index, mode=mode, held=held, in_key=in_key, key=key, obj=obj)
+    new_call = LlamaCall(
+        index=index, mode=mode, held=held, in_key=in_key, key=key, obj=obj, after_call=after_call
+    )
     return new_call, events

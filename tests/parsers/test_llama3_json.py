@@ -145,9 +145,11 @@ def test_leading_whitespace_before_a_call_is_dropped() -> None:
 
 
 @needs_shared
-def test_text_after_the_calls_is_content() -> None:
-    msg = _parse('{"name": "get_weather", "parameters": {}}; Done.')
-    assert (msg.content, msg.calls()) == ("Done.", [("get_weather", "{}")])
+@pytest.mark.parametrize("tail", ["; Done.", ' {"answer": 1}', '; {"na', "\n<|python_tag|>"])
+def test_what_follows_the_calls_is_dropped(tail: str) -> None:
+    """vLLM drops text after the calls in both modes (batch: no `{`; streaming: no JSON)."""
+    msg = _parse('{"name": "get_weather", "parameters": {}}' + tail)
+    assert (msg.content, msg.calls()) == (None, [("get_weather", "{}")])
 
 
 @needs_shared
