@@ -194,18 +194,40 @@ def test_object_without_name_is_dropped_and_index_not_used() -> None:
 
 
 @needs_shared
-def test_state_stays_small() -> None:
-    """Held text is bounded: a long run of leading whitespace is decided as content."""
+@pytest.mark.parametrize(
+    ("prefix", "filler"),
+    [
+        ("", " "),  # leading whitespace: held only up to a bound, then content
+        ("Paris", " word"),  # content
+        ('{"name": "f", "parameters": {"k": "', " word"),  # inside a string argument
+        ('{"name": "f", "parameters": [', "[["),  # ever deeper nesting
+        ('{"name": "f", "parameters": {}}; ', " word"),  # dropped text after a call
+        ('{"name": "f", "parameters": {}}', ";"),  # separators
+    ],
+)
+def test_state_under_1kb_after_10k_tokens(prefix: str, filler: str) -> None:
     tok = g.tokenizer(MODEL)
     parser = build_chat_parser(None, "llama3_json", g.facts(MODEL), AUTO)
     assert parser is not None
     state = parser.start([])
-    for _ in range(2000):
-        state, _ = parser.feed(state, tok.encode(" ", add_special_tokens=False).ids, " ")
-    assert len(msgspec.json.encode(state)) < 1024
-    args = '{"k": "' + "x" * 20_000 + '"}'
-    state = parser.start([])
-    state, _ = parser.feed(state, [0], '{"name": "f", "parameters": ')
-    for k in range(0, len(args), 7):
-        state, _ = parser.feed(state, [0], args[k : k + 7])
-    assert len(msgspec.json.encode(state)) < 1024
+    if prefix:
+        state, _ = parser.feed(state, tok.encode(prefix, add_special_tokens=False).ids, prefix)
+    filler_ids = tok.encode(filler, add_special_tokens=False).ids
+    assert len(filler_ids) == 1, "the filler must be one token"
+    largest = 0
+    for _ in range(10_000):
+        state, _ = parser.feed(state, filler_ids, filler)
+        largest = max(largest, len(msgspec.msgpack.encode(state)), len(msgspec.json.encode(state)))
+    assert largest < 1024
+
+
+@needs_shared
+def test_python_tag_after_prose_opens_calls() -> None:
+    msg = _parse('Sure.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}')
+    assert (msg.content, msg.calls()) == ("Sure.", [("get_weather", '{"city": "Oslo"}')])
+
+
+@needs_shared
+def test_name_without_arguments_is_a_call_with_empty_arguments() -> None:
+    msg = _parse('{"name": "get_weather"}')
+    assert (msg.content, msg.calls(), msg.ended) == (None, [("get_weather", "")], {0})
