@@ -7,11 +7,12 @@ from collections.abc import Sequence
 import msgspec
 
 from parsers._segments import split_at_markers
-from parsers.events import ContentDelta, Event, ReasoningDelta
+from parsers.events import ContentDelta, Event, ReasoningDelta, ToolCallStart
 from parsers.reasoning import ReasoningConfig, prompt_closes_reasoning
 from parsers.request import ParseRequest
 from parsers.structural_tag import RenderAdjustments, render_adjustments
 from parsers.tools import ToolCallState, ToolConfig
+from parsers.tools.llama3_json import LlamaConfig
 
 __all__ = ["ChatParser", "ChatState"]
 
@@ -80,7 +81,8 @@ class ChatParser(msgspec.Struct, frozen=True):
         if tools is not None:
             tools = tools.bind(request)
             markers[tools.start_id] = (_TOOL_START, tools.start_text)
-            markers[tools.end_id] = (_TOOL_END, tools.end_text)
+            if tools.end_id is not None:
+                markers[tools.end_id] = (_TOOL_END, tools.end_text)
         if reasoning is not None:
             markers[reasoning.start_id] = (_THINK_START, reasoning.start_text)
             markers[reasoning.end_id] = (_THINK_END, reasoning.end_text)
@@ -119,12 +121,12 @@ class ChatParser(msgspec.Struct, frozen=True):
     def start(self, prompt_token_ids: Sequence[int]) -> ChatState:
         """Initial state: inside reasoning unless the prompt or the template switches closed it."""
         reasoning = self.reasoning
-        if reasoning is None:
-            return ChatState(phase=CONTENT)
-        if not reasoning.thinking_enabled(self.request.chat_template_kwargs):
-            return ChatState(phase=CONTENT)
-        if prompt_closes_reasoning(reasoning, prompt_token_ids):
-            return ChatState(phase=CONTENT)
+        if (
+            reasoning is None
+            or not reasoning.thinking_enabled(self.request.chat_template_kwargs)
+            or prompt_closes_reasoning(reasoning, prompt_token_ids)
+        ):
+            return self._answer(ChatState(phase=CONTENT))
         return ChatState(phase=REASONING)
 
     def feed(
@@ -186,9 +188,7 @@ class ChatParser(msgspec.Struct, frozen=True):
         if state.phase == IN_TOOL_CALL and state.call is not None and self.tools is not None:
             call, call_events = self.tools.feed(state.call, text)
             events.extend(call_events)
-            started = state.tools_started
-            if call.started and not state.call.started:
-                started += 1
+            started = state.tools_started + _starts(call_events)
             return msgspec.structs.replace(state, call=call, tools_started=started)
         if self.tools_active and state.tool_seen:
             return state
@@ -222,7 +222,7 @@ class ChatParser(msgspec.Struct, frozen=True):
 
     def _end_reasoning(self, state: ChatState, events: list[Event]) -> ChatState:
         self._report_empty_reasoning(state, events)
-        return msgspec.structs.replace(state, phase=CONTENT, reasoning_emitted=True)
+        return self._answer(msgspec.structs.replace(state, phase=CONTENT, reasoning_emitted=True))
 
     def _report_empty_reasoning(self, state: ChatState, events: list[Event]) -> None:
         reasoning = self.reasoning
@@ -234,6 +234,13 @@ class ChatParser(msgspec.Struct, frozen=True):
         ):
             events.append(ReasoningDelta(""))
 
+    def _answer(self, state: ChatState) -> ChatState:
+        """The answer begins: a family whose calls need no start token reads it from here."""
+        if not (self.tools_active and isinstance(self.tools, LlamaConfig)):
+            return state
+        call = self.tools.begin_answer(state.tools_started)
+        return msgspec.structs.replace(state, phase=IN_TOOL_CALL, call=call)
+
     def _open_call(self, state: ChatState) -> ChatState:
         if self.tools is None:
             return state
@@ -241,6 +248,13 @@ class ChatParser(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(state, phase=IN_TOOL_CALL, call=call, tool_seen=True)
 
     def _close_call(self, state: ChatState, events: list[Event]) -> ChatState:
+        started = state.tools_started
         if state.call is not None and self.tools is not None:
-            events.extend(self.tools.close(state.call))
-        return msgspec.structs.replace(state, phase=CONTENT, call=None)
+            call_events = self.tools.close(state.call)
+            events.extend(call_events)
+            started += _starts(call_events)
+        return msgspec.structs.replace(state, phase=CONTENT, call=None, tools_started=started)
+
+
+def _starts(events: list[Event]) -> int:
+    return sum(1 for ev in events if isinstance(ev, ToolCallStart))

@@ -12,7 +12,7 @@ from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
 from parsers.reasoning import ReasoningConfig, deepseek_r1, qwen3
 from parsers.request import ParseRequest
-from parsers.tools import ToolConfig, hermes, qwen3_coder
+from parsers.tools import ToolConfig, hermes, llama3_json, qwen3_coder
 
 __all__ = [
     "FAMILIES",
@@ -38,6 +38,8 @@ FAMILIES: tuple[ParserFamily, ...] = (
     ParserFamily("hermes", "tool", hermes.build),
     ParserFamily("qwen3_coder", "tool", qwen3_coder.build),
     ParserFamily("qwen3_xml", "tool", qwen3_coder.build),
+    ParserFamily("llama3_json", "tool", llama3_json.build),
+    ParserFamily("llama4_json", "tool", llama3_json.build),
 )
 
 

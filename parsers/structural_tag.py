@@ -18,7 +18,13 @@ if TYPE_CHECKING:
     from parsers.reasoning import ReasoningConfig
     from parsers.tools import ToolConfig
 
-__all__ = ["RenderAdjustments", "TagSpelling", "render_adjustments", "tool_tags_format"]
+__all__ = [
+    "RenderAdjustments",
+    "TagSpelling",
+    "json_call_format",
+    "render_adjustments",
+    "tool_tags_format",
+]
 
 STRICT_LEVELS = ("auto", "function", "parameter")
 
@@ -53,7 +59,8 @@ def render_adjustments(
         skip = False
     tag: str | None = None
     if tools is not None and request.effective_tool_choice != "none":
-        skip = False
+        if tools.keeps_special_tokens:
+            skip = False
         tag = tools.structural_tag(request, strict_level)
     return RenderAdjustments(skip_special_tokens=skip, structural_tag=tag)
 
@@ -66,33 +73,17 @@ def tool_tags_format(
 ) -> str | None:
     """Structural tag JSON for a request with tools, or None when vLLM adds none.
 
-    Strictness: `auto` constrains nothing for tool_choice "auto" unless a tool is `strict`;
-    `parallel_tool_calls=false` raises the level to `function` (the envelope only);
-    `parameter`, or a `strict` tool, also pins the argument schema.
+    Which functions and how strictly: see `_constrained_functions`.
     """
-    tools = request.tools or []
+    constrained = _constrained_functions(request, strict_level)
+    if constrained is None:
+        return None
+    functions, level = constrained
     choice = request.effective_tool_choice
-    if not tools or choice == "none":
-        return None
     parallel = request.parallel_tool_calls is not False
-    level = strict_level
-    if not parallel and level == "auto":
-        level = "function"
-    functions = [_function(tool) for tool in tools]
-    if choice == "auto" and level == "auto" and not any(f.get("strict") is True for f in functions):
-        return None
-    if choice == "named":
-        functions = [f for f in functions if f.get("name") == request.named_tool]
     tags: list[dict[str, Any]] = []
     for function in functions:
-        content = {
-            "type": "json_schema",
-            "json_schema": _schema(function, level),
-            "style": "json",
-            "any_order": False,
-            "max_whitespace_cnt": None,
-            "excludes": [],
-        }
+        content = _json_content(function, level)
         name = str(function.get("name", ""))
         for spelling in spellings:
             tags.append(
@@ -122,6 +113,81 @@ def tool_tags_format(
             "stop_after_first": choice == "named" or not parallel,
         }
     return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def json_call_format(
+    spelling: TagSpelling,
+    trigger: str,
+    excludes: list[str],
+    request: ParseRequest,
+    strict_level: str,
+) -> str | None:
+    """Structural tag JSON in the shape of xgrammar's builtin `llama` template, or None.
+
+    A named tool choice is the one tag itself; "auto" and "required" are triggered tags
+    (at least one for "required"); `parallel_tool_calls=false` stops after the first.
+    """
+    constrained = _constrained_functions(request, strict_level)
+    if constrained is None:
+        return None
+    functions, level = constrained
+    choice = request.effective_tool_choice
+    tags = [
+        {
+            "type": "tag",
+            "begin": spelling.begin.replace("{name}", str(function.get("name", ""))),
+            "content": _json_content(function, level),
+            "end": spelling.end,
+        }
+        for function in functions
+    ]
+    if choice == "named":
+        return json.dumps({"type": "structural_tag", "format": tags[0]}) if tags else None
+    fmt = {
+        "type": "triggered_tags",
+        "triggers": [trigger],
+        "tags": tags,
+        "at_least_one": choice == "required",
+        # Unverified against vLLM for "required": assumed to honour parallel_tool_calls too.
+        "stop_after_first": request.parallel_tool_calls is False,
+        "excludes": excludes,
+    }
+    return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def _constrained_functions(
+    request: ParseRequest, strict_level: str
+) -> tuple[list[dict[str, Any]], str] | None:
+    """The functions a structural tag must cover and the resolved strict level, or None.
+
+    Strictness: `auto` constrains nothing for tool_choice "auto" unless a tool is `strict`;
+    `parallel_tool_calls=false` raises the level to `function` (the envelope only);
+    `parameter`, or a `strict` tool, also pins the argument schema.
+    """
+    tools = request.tools or []
+    choice = request.effective_tool_choice
+    if not tools or choice == "none":
+        return None
+    level = strict_level
+    if request.parallel_tool_calls is False and level == "auto":
+        level = "function"
+    functions = [_function(tool) for tool in tools]
+    if choice == "auto" and level == "auto" and not any(f.get("strict") is True for f in functions):
+        return None
+    if choice == "named":
+        functions = [f for f in functions if f.get("name") == request.named_tool]
+    return functions, level
+
+
+def _json_content(function: dict[str, Any], level: str) -> dict[str, Any]:
+    return {
+        "type": "json_schema",
+        "json_schema": _schema(function, level),
+        "style": "json",
+        "any_order": False,
+        "max_whitespace_cnt": None,
+        "excludes": [],
+    }
 
 
 def _function(tool: dict[str, Any]) -> dict[str, Any]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TypeAlias
 
 from parsers.tools.hermes import HermesCall, HermesConfig
+from parsers.tools.llama3_json import LlamaCall, LlamaConfig
 from parsers.tools.qwen3_coder import XmlCall, XmlConfig
 
 __all__ = ["ToolCallState", "ToolConfig"]
 
-ToolConfig: TypeAlias = HermesConfig | XmlConfig
-ToolCallState: TypeAlias = HermesCall | XmlCall
+ToolConfig: TypeAlias = HermesConfig | XmlConfig | LlamaConfig
+ToolCallState: TypeAlias = HermesCall | XmlCall | LlamaCall

@@ -12,7 +12,7 @@ being read.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import msgspec
 
@@ -24,7 +24,7 @@ from parsers.structural_tag import TagSpelling, tool_tags_format
 if TYPE_CHECKING:
     from parsers.tools import ToolCallState
 
-__all__ = ["HermesCall", "HermesConfig", "build"]
+__all__ = ["HermesCall", "HermesConfig", "build", "scan_object"]
 
 _TAGS = (
     TagSpelling(begin='<tool_call>\n{"name": "{name}", "arguments": ', end="}\n</tool_call>"),
@@ -62,6 +62,11 @@ class HermesCall(msgspec.Struct, frozen=True, tag="hermes", gc=False):
     started: bool = False
     early_args: str = ""  # arguments written before the name (kept until the name arrives)
 
+    @property
+    def closed(self) -> bool:
+        """The object's closing brace was read."""
+        return self.mode == _DONE
+
 
 class HermesConfig(msgspec.Struct, frozen=True):
     """Marker ids of the Hermes format for one tokenizer."""
@@ -71,6 +76,9 @@ class HermesConfig(msgspec.Struct, frozen=True):
     end_id: int
     end_text: str
     family: str = "hermes"
+
+    #: vLLM's adjust_request sets skip_special_tokens=False for this family.
+    keeps_special_tokens: ClassVar[bool] = True
 
     def bind(self, request: ParseRequest) -> HermesConfig:
         """Hermes needs nothing from the request."""
@@ -88,10 +96,13 @@ class HermesConfig(msgspec.Struct, frozen=True):
         """Scan more text of the call body."""
         if not isinstance(call, HermesCall):
             return call, []
-        return _scan(call, text)
+        call, events, _ = scan_object(call, text)
+        return call, events
 
     def close(self, call: ToolCallState) -> list[Event]:
         """The call ended (closing token, or end of output): end it if it ever started."""
+        if not isinstance(call, HermesCall):
+            return []
         return [ToolCallEnd(call.index)] if call.started else []
 
 
@@ -105,7 +116,11 @@ def build(facts: TokenizerFacts) -> HermesConfig:
     )
 
 
-def _scan(call: HermesCall, text: str) -> tuple[HermesCall, list[Event]]:
+def scan_object(call: HermesCall, text: str) -> tuple[HermesCall, list[Event], int]:
+    """Scan one JSON call object; also return where it stopped (just after its closing brace).
+
+    Text after the closing brace is left unread; once closed, later text is ignored.
+    """
     mode, raw, escaped = call.mode, call.text, call.escaped
     depth, in_string, capture = call.depth, call.in_string, call.capture
     name, started, early = call.name, call.started, call.early_args
@@ -176,6 +191,8 @@ def _scan(call: HermesCall, text: str) -> tuple[HermesCall, list[Event]]:
                 mode = _EXPECT_KEY
             elif c == "}":
                 mode = _DONE
+        if mode == _DONE:
+            break
     if args_parts:
         args = "".join(args_parts)
         if started:
@@ -194,7 +211,7 @@ def _scan(call: HermesCall, text: str) -> tuple[HermesCall, list[Event]]:
         started=started,
         early_args=early,
     )
-    return new_call, events
+    return new_call, events, i
 
 
 def _scan_value(

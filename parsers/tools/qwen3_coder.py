@@ -21,7 +21,7 @@ then written as the model's own JSON text when it decodes to an allowed type, el
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
@@ -81,6 +81,9 @@ class XmlConfig(msgspec.Struct, frozen=True):
     end_text: str
     family: str = "qwen3_coder"
     typed_params: dict[str, dict[str, tuple[str, ...]]] = {}
+
+    #: vLLM's adjust_request sets skip_special_tokens=False for this family.
+    keeps_special_tokens: ClassVar[bool] = True
 
     def bind(self, request: ParseRequest) -> XmlConfig:
         """This config with the request's tool schemas."""

@@ -26,7 +26,7 @@ from parsers import (
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared"
 GOLDEN = SHARED / "golden"
 MODELS = SHARED / "models"
-PARSER_DIRS = ("qwen3", "qwen2.5-instruct", "deepseek-r1-distill-qwen")
+PARSER_DIRS = ("qwen3", "qwen2.5-instruct", "deepseek-r1-distill-qwen", "llama-3.1-instruct")
 
 
 def shared_present() -> bool:

@@ -29,6 +29,7 @@ FACTS = TokenizerFacts.from_added_tokens(
         "</tool_call>": 151658,
         "<think>": 151667,
         "</think>": 151668,
+        "<|python_tag|>": 128010,
     },
     special_ids=[151643, 151644, 151645],
 )
@@ -39,7 +40,13 @@ REQUEST = ParseRequest(
 
 def test_vllm_names_registered() -> None:
     assert set(known_reasoning_parsers()) >= {"qwen3", "deepseek_r1"}
-    assert set(known_tool_parsers()) >= {"hermes", "qwen3_coder", "qwen3_xml"}
+    assert set(known_tool_parsers()) >= {
+        "hermes",
+        "qwen3_coder",
+        "qwen3_xml",
+        "llama3_json",
+        "llama4_json",
+    }
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f.kind}:{f.name}")

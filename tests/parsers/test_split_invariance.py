@@ -154,3 +154,42 @@ def test_generated_qwen3_hermes(
     assert msg.calls() == expected_calls
     assert msg.reasoning == (reasoning or None)
     assert msg.content == (content or None)
+
+
+@needs_shared
+@SETTINGS
+@given(
+    lead=st.sampled_from(["", "<|python_tag|>", " \n"]),
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(["f", "get_weather", "名前"]),
+            st.sampled_from(["parameters", "arguments"]),
+            _json_values(),
+        ),
+        max_size=3,
+    ),
+    tail=_words(),
+    points=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
+)
+def test_generated_llama3_json(
+    lead: str, calls: list[tuple[str, str, Any]], tail: str, points: list[int]
+) -> None:
+    text = lead + "; ".join(
+        f'{{"name": {json.dumps(name)}, "{key}": {json.dumps(args, ensure_ascii=False)}}}'
+        for name, key, args in calls
+    )
+    if calls:
+        text += tail
+    model = "llama-3.1-instruct"
+    ids = g.tokenizer(model).encode(text, add_special_tokens=False).ids
+    parser = build_chat_parser(
+        None, "llama3_json", g.facts(model), ParseRequest(tools=TOOLS, enable_auto_tools=True)
+    )
+    assert parser is not None
+    whole = g.run(parser, model, [], [ids])
+    assert merged(run_roundtrip(parser, model, [], cut(ids, points))) == merged(whole)
+    msg = g.accumulate(whole)
+    # Independent oracle: the arguments are exactly the JSON text the "model" wrote.
+    assert msg.calls() == [(name, json.dumps(args, ensure_ascii=False)) for name, _, args in calls]
+    # Without calls the answer is content; text after calls is dropped.
+    assert msg.content == (None if calls else text or None)
