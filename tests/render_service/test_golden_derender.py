@@ -26,7 +26,13 @@ from tests.golden import case_params, load_case, needs_shared, server_argv
 
 pytestmark = needs_shared
 
-DIRECTORIES = ["qwen3", "qwen3-noparser", "qwen2.5-instruct", "deepseek-r1-distill-qwen"]
+DIRECTORIES = [
+    "qwen3",
+    "qwen3-noparser",
+    "qwen2.5-instruct",
+    "deepseek-r1-distill-qwen",
+    "llama-3.1-instruct",
+]
 
 PLAIN_LOOKALIKE = (
     "a <tool_call> typed as plain text is content (matched by token id); vLLM streaming cuts there"
@@ -41,6 +47,14 @@ REPEATED_OPEN = "a repeated <think> at the start is absorbed for every chunking 
 THINK_IN_ANSWER = (
     "a <think> token after </think> is answer text (vLLM's whole chunking and batch drop text)"
 )
+
+LLAMA_WHOLE = (
+    "a llama3_json call arriving in one chunk is a call (vLLM's whole chunking emits none)"
+)
+LLAMA_NOT_A_CALL = (
+    "a JSON object that is not a call is content for any chunking (vLLM streaming drops it)"
+)
+LLAMA_BARE_ARGS = "bare arguments under a named tool choice are content (vLLM streaming drops them)"
 
 # (directory, case, mode) -> (reference, reason). mode is a chunking name or "batch";
 # reference is "batch" or "stream:<chunking>": our answer must equal vLLM's answer there.
@@ -68,6 +82,25 @@ DIVERGENCES: dict[tuple[str, str, str], tuple[str, str]] = {
         "stream:one_token",
         THINK_IN_ANSWER,
     ),
+    **{
+        ("llama-3.1-instruct", case, "whole"): ("stream:one_token", LLAMA_WHOLE)
+        for case in (
+            "parallel_false_two_calls",
+            "tool_call_arguments_key",
+            "tool_call_python_tag",
+            "tool_choice_named",
+            "tool_choice_required",
+            "two_calls_semicolon",
+        )
+    },
+    **{
+        ("llama-3.1-instruct", case, chunking): ("batch", reason)
+        for case, reason in (
+            ("json_answer_not_a_call", LLAMA_NOT_A_CALL),
+            ("tool_choice_named_raw_args", LLAMA_BARE_ARGS),
+        )
+        for chunking in ("one_token", "random_1_5", "whole")
+    },
     ("deepseek-r1-distill-qwen", "think_tag_in_answer", "batch"): (
         "stream:one_token",
         THINK_IN_ANSWER,
