@@ -588,9 +588,8 @@ class Derenderer:
         if isinstance(token, str):
             digest_hex, dot, signed = token.partition(".")
             if dot and len(digest_hex) == 32:
-                cached = (
-                    self.cache.check_out(bytes.fromhex(digest_hex)) if _is_hex(digest_hex) else None
-                )
+                digest = _digest_of(digest_hex)
+                cached = self.cache.check_out(digest) if digest is not None else None
                 if cached is not None and hmac.compare_digest(cached[0], signed):
                     return cached[1]
                 token = signed
@@ -842,8 +841,11 @@ def _strip_descriptions(value: Any) -> Any:
     return value
 
 
-def _is_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
+def _digest_of(token_prefix: str) -> bytes | None:
+    try:
+        return bytes.fromhex(token_prefix)
+    except ValueError:
+        return None
 
 
 def _stop_string_cut(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from render_service.settings import Settings
 
 log = logging.getLogger("render_service")
+_PARSE_REQUEST_ENCODER = msgspec.msgpack.Encoder()
+# Parsers are configuration only, so requests with the same parse context share one.
+_PARSER_CACHE_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,9 @@ class ParsingSetup:
     #: A tool parser name vLLM knows but this project does not implement yet: render accepts
     #: tool requests (as vLLM would) but cannot add that family's structural tag or parse output.
     tool_parser_supported: bool
+    _parsers: dict[bytes, ChatParser | None] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def has_reasoning(self) -> bool:
@@ -79,11 +85,23 @@ class ParsingSetup:
         return msgspec.convert({**data, "enable_auto_tools": self.has_tools}, ParseRequest)
 
     def parser(self, request: ParseRequest) -> ChatParser | None:
+        """The parser for a request; streams reuse one per distinct parse request."""
+        return self._parser_for(_PARSE_REQUEST_ENCODER.encode(request))
+
+    def _parser_for(self, encoded: bytes) -> ChatParser | None:
+        cache = self._parsers
+        if encoded in cache:
+            return cache[encoded]
+        request = msgspec.msgpack.decode(encoded, type=ParseRequest)
         tool = self.tool_parser if self.tool_parser_supported else None
         try:
-            return build_chat_parser(self.reasoning_parser, tool, self.facts, request)
+            parser = build_chat_parser(self.reasoning_parser, tool, self.facts, request)
         except UnknownParserError as exc:
             raise SystemExit(f"--reasoning-parser/--tool-call-parser: {exc}") from exc
+        if len(cache) >= _PARSER_CACHE_SIZE:
+            cache.clear()
+        cache[encoded] = parser
+        return parser
 
     def render_hints(self, context: ParseContext, prompt_ids: list[int]) -> RenderHints:
         parser = self.parser(self.parse_request(context))

@@ -46,7 +46,7 @@ _DEFLATE_WBITS: Final = -12
 _DEFLATE_MEMLEVEL: Final = 4
 _INFLATE_WBITS: Final = -15
 # Below this many payload bytes deflate rarely wins, so it is not even tried.
-_DEFLATE_MIN: Final = 128
+_DEFLATE_MIN: Final = 768
 # A verified payload inflates to at most this multiple of max_bytes (a bound on our own output).
 _INFLATE_FACTOR: Final = 16
 _KEY_LABEL: Final = b"render-service/stream_state\x00"
