@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 
 import msgspec
 import uvicorn
@@ -30,9 +31,11 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
     )
     if settings.state_secret is None:
         log.warning(
-            "No --state-secret (or RENDER_SERVICE_STATE_SECRET): a random per-process secret signs "
-            "stream_state, so a stream CANNOT move between replicas or worker processes."
+            "No --state-secret (or RENDER_SERVICE_STATE_SECRET): a random secret signs stream_state, "
+            "so a stream CANNOT move to another replica. Give every replica the same secret."
         )
+        # One secret for all worker processes of this server, so its own workers agree.
+        settings = msgspec.structs.replace(settings, state_secret=secrets.token_hex(32))
     os.environ[_SETTINGS_ENV] = msgspec.json.encode(settings).decode()
     uvicorn.run(
         "render_service.server:create_app",
