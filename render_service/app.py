@@ -171,12 +171,11 @@ class Service:
     async def tokenize(self, request: Request) -> Response:
         data = await self.body(request)
         raw = decode_body(data, _any_decoder)
-        decoder = (
-            _tokenize_chat_decoder
-            if isinstance(raw, dict) and "messages" in raw
-            else _tokenize_prompt_decoder
-        )
-        body = decode_body(data, decoder)
+        body: TokenizeChatRequest | TokenizeCompletionRequest
+        if isinstance(raw, dict) and "messages" in raw:
+            body = decode_body(data, _tokenize_chat_decoder)
+        else:
+            body = decode_body(data, _tokenize_prompt_decoder)
         return MsgspecResponse(await self.run(self.renderer.tokenize, body))
 
     async def detokenize(self, request: Request) -> Response:

@@ -452,20 +452,46 @@ class Derenderer:
     # ---- chat, streaming ------------------------------------------------------------------
 
     def derender_chat_stream(self, body: DerenderChatStreamRequest) -> dict[str, Any]:
-        """One streaming chunk: ``{"chunk": ChatCompletionStreamResponse, "stream_state": ...}``."""
+        """Streaming chunks of one choice: ``{"chunk": ..., "stream_state": ...}``.
+
+        With ``generate_chunks`` (several generate chunks of one choice, in order) the answer is
+        ``{"chunks": [...], "stream_state": ...}``: one derendered chunk each, one state at the end.
+        """
         self.renderer.check_model(body.model)
-        chunk = body.generate_chunk
+        chunks = _stream_chunks(body.generate_chunk, body.generate_chunks)
         request = self._chat_request(body.chat_request)
         if request is not None and checks.stop_list(request.stop):
             raise InvalidRequest(STREAM_STOP_STRINGS)
-        if len(chunk.choices) > 1:
-            raise InvalidRequest(
-                f"derender_chat_stream expects at most one choice per chunk (got {len(chunk.choices)})."
-            )
-        state = self._load_state(body.stream_state, chunk, request, body.prompt_token_ids)
-        if not chunk.choices:
-            return {"chunk": self._chat_chunk(body, chunk, []), "stream_state": body.stream_state}
-        assert state is not None
+        token = body.stream_state
+        state: ChoiceState | None = None
+        outs = []
+        finished = False
+        for chunk in chunks:
+            if len(chunk.choices) > 1:
+                raise InvalidRequest(
+                    "derender_chat_stream expects at most one choice per chunk "
+                    f"(got {len(chunk.choices)})."
+                )
+            if not chunk.choices:
+                outs.append(self._chat_chunk(body, chunk, [], request))
+                continue
+            if state is None:
+                state = self._load_state(token, chunk, request, body.prompt_token_ids)
+            else:
+                _check_same_stream(state, chunk)
+            choice, state = self._chat_stream_step(chunk, state)
+            finished = chunk.choices[0].finish_reason is not None
+            outs.append(self._chat_chunk(body, chunk, [choice], request))
+        if state is not None:
+            token = self._store(state, finished)
+        if body.generate_chunks is not None:
+            return {"chunks": outs, "stream_state": token}
+        return {"chunk": outs[0], "stream_state": token}
+
+    def _chat_stream_step(
+        self, chunk: GenerateChunk, state: ChoiceState
+    ) -> tuple[dict[str, Any], ChoiceState]:
+        """One generate chunk of one choice -> the OpenAI stream choice and the next state."""
         choice = chunk.choices[0]
         self._check_stream_length(state, choice)
         parser = self._parser(state.parse_request)
@@ -505,12 +531,9 @@ class Derenderer:
             "token_ids": choice.token_ids if options.return_token_ids and not hide else None,
             "weight_versions": choice.weight_versions,
         }
-        new_state = msgspec.structs.replace(result.state, role_sent=True, logprob_context=context)
-        token = self._store(new_state, finished)
-        return {
-            "chunk": self._chat_chunk(body, chunk, [out_choice], request),
-            "stream_state": token,
-        }
+        return out_choice, msgspec.structs.replace(
+            result.state, role_sent=True, logprob_context=context
+        )
 
     def _chat_chunk(
         self,
@@ -559,9 +582,7 @@ class Derenderer:
         chunk: GenerateChunk,
         request: ChatCompletionRequest | None,
         prompt_ids: list[int] | None,
-    ) -> ChoiceState | None:
-        if not chunk.choices:
-            return None
+    ) -> ChoiceState:
         choice = chunk.choices[0]
         if raw is None or isinstance(raw, dict):
             if self.has_parser and request is None:
@@ -576,11 +597,7 @@ class Derenderer:
                 return fresh
             return self._resume_vllm_state(raw, fresh)
         state = self._decode_state(raw)
-        if state.request_id != chunk.request_id or state.index != choice.index:
-            raise InvalidRequest(
-                "stream_state belongs to another stream (request id or choice index differ)",
-                "stream_state",
-            )
+        _check_same_stream(state, chunk)
         return state
 
     def _decode_state(self, token: Any) -> ChoiceState:
@@ -756,11 +773,7 @@ class Derenderer:
                     state = self._resume_vllm_state(body.stream_state, state)
             else:
                 state = self._decode_state(body.stream_state)
-                if state.request_id != chunk.request_id or state.index != choice.index:
-                    raise InvalidRequest(
-                        "stream_state belongs to another stream (request id or choice index differ)",
-                        "stream_state",
-                    )
+                _check_same_stream(state, chunk)
             self._check_stream_length(state, choice)
             finished = choice.finish_reason is not None
             result = self._step(state, choice, finished, None)
@@ -807,6 +820,28 @@ class Derenderer:
             "kv_transfer_params": None,
         }
         return {"chunk": out, "stream_state": token}
+
+
+def _stream_chunks(
+    one: GenerateChunk | None, several: list[GenerateChunk] | None
+) -> list[GenerateChunk]:
+    if (one is None) == (several is None) or several == []:
+        raise SchemaError(
+            "1 validation error:\n  {'loc': 'body.generate_chunk', 'msg': 'Give exactly one of "
+            "generate_chunk and a non-empty generate_chunks'}",
+            "body.generate_chunk",
+        )
+    return [one] if one is not None else list(several or [])
+
+
+def _check_same_stream(state: ChoiceState, chunk: GenerateChunk) -> None:
+    """A state continues only the stream (generate request and choice) it was made for."""
+    choice = chunk.choices[0]
+    if state.request_id != chunk.request_id or state.index != choice.index:
+        raise InvalidRequest(
+            "stream_state belongs to another stream (request id or choice index differ)",
+            "stream_state",
+        )
 
 
 def _completion_options(request: CompletionRequest | None) -> OutputOptions:

@@ -66,12 +66,14 @@ class DerenderChatStreamRequest(Body, kw_only=True):
     """
 
     stream: Literal[True]
-    generate_chunk: GenerateChunk
+    generate_chunk: GenerateChunk | None = None
     model: str | None = None
     stream_state: Any = None
     prompt_tokens: int | None = None
     prompt_token_ids: list[TokenId] | None = None
     chat_request: dict[str, Any] | None = None
+    #: Ours: several generate chunks of one choice, in order, in one call.
+    generate_chunks: list[GenerateChunk] | None = None
 
 
 class DerenderCompletionRequest(Body, kw_only=True):

@@ -230,3 +230,31 @@ def test_untrusted_state_gets_400_and_server_keeps_serving(
     ok = httpx.post(server.url + "/v1/chat/completions/render", json=CHAT, timeout=30)
     assert ok.status_code == 200
     assert server.alive()
+
+
+def test_several_generate_chunks_in_one_call_equal_one_per_call(
+    replicas: list[RunningServer], prompt_and_output: tuple[list[int], list[int]]
+) -> None:
+    prompt, output = prompt_and_output
+    one_by_one, _ = run_stream(replicas[:1], prompt, output, request_id="generate-tokens-batched")
+    chunks = [
+        generate_chunk("generate-tokens-batched", output[i : i + 3], i + 3 >= len(output))
+        for i in range(0, len(output), 3)
+    ]
+    state: Any = None
+    content: list[str] = []
+    arguments = ""
+    for group in (chunks[:2], chunks[2:]):
+        body = {"stream": True, "generate_chunks": group, "stream_state": state}
+        if state is None:
+            body |= {"prompt_token_ids": prompt, "chat_request": CHAT}
+        payload = httpx.post(replicas[1].url + PATH, json=body, timeout=30).json()
+        assert len(payload["chunks"]) == len(group)
+        state = payload["stream_state"]
+        for out in payload["chunks"]:
+            delta = out["choices"][0]["delta"]
+            content.append(delta.get("content") or "")
+            for call in delta.get("tool_calls") or []:
+                arguments += call["function"].get("arguments") or ""
+    assert "".join(content) == one_by_one["content"]
+    assert arguments == one_by_one["tool_calls"][0]["arguments"]
