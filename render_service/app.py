@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from render_service import __version__
+from render_service import __version__, lifecycle, metrics
 from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
 from render_service.protocol._base import decode_body
 from render_service.protocol.chat import ChatCompletionRequest
@@ -77,7 +78,7 @@ class Service:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """The one place CPU work leaves the event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.pool, metrics.in_pool(partial(fn, *args, **kwargs)))
 
     async def body(self, request: Request) -> bytes:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -111,6 +112,7 @@ class Service:
         result = await self.run(
             self.renderer.render_chat, body, request_id=request.headers.get("x-request-id")
         )
+        metrics.observe_render((result,))
         return MsgspecResponse(result)
 
     async def render_completion(self, request: Request) -> Response:
@@ -119,6 +121,7 @@ class Service:
         result = await self.run(
             self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
         )
+        metrics.observe_render(result)
         return MsgspecResponse(result)
 
     async def tokenize(self, request: Request) -> Response:
@@ -153,6 +156,10 @@ class Service:
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness, unlike /health (liveness): 503 once a graceful shutdown has begun."""
+        return Response(status_code=503 if lifecycle.draining() else 200)
 
     async def version(self, request: Request) -> Response:
         return MsgspecResponse({"version": __version__})
@@ -226,7 +233,13 @@ def build_app(renderer: Renderer) -> Starlette:
         Route("/v1/models", g(service.models), methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
         Route("/version", service.version, methods=["GET"]),
+        Route("/ready", service.ready, methods=["GET"]),
+        Route("/metrics", metrics.metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    metrics.pool_size(max(1, renderer.settings.renderer_num_workers))
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
+    )
     app.state.service = service
     return app
