@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from render_service.settings import Settings
 
 _SETTINGS_ENV = "RENDER_SERVICE_SETTINGS_JSON"
+_LOG_LEVEL_ENV = "RENDER_SERVICE_LOG_LEVEL"
 # Read by prometheus_client when it is imported in each worker (render_service.metrics).
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How long in-flight requests may run after SIGTERM before uvicorn cancels them. Keep it below
@@ -31,6 +32,8 @@ def create_app() -> Starlette:
     from render_service.app import build_app
     from render_service.render import Renderer
 
+    # Worker processes are spawned fresh: logging set up in the parent does not reach them.
+    _configure_logging(os.environ.get(_LOG_LEVEL_ENV, "info"))
     settings = msgspec.json.decode(os.environ[_SETTINGS_ENV], type=Settings)
     app = build_app(Renderer.from_settings(settings))
     # uvicorn calls this factory inside its capture_signals(), so its SIGTERM handler is in place
@@ -49,10 +52,11 @@ def _configure_logging(log_level: str) -> None:
     )
     # Access lines are already JSON objects: one per line on stdout, nothing around them.
     access = logging.getLogger("render_service.access")
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    access.addHandler(handler)
-    access.propagate = False
+    if not access.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access.addHandler(handler)
+        access.propagate = False
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:
@@ -63,6 +67,7 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
             "stream_state, so a stream CANNOT move between replicas or worker processes."
         )
     os.environ[_SETTINGS_ENV] = msgspec.json.encode(settings).decode()
+    os.environ[_LOG_LEVEL_ENV] = log_level
     metrics_dir = _multiprocess_metrics_dir() if settings.workers > 1 else None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _drained)
