@@ -7,7 +7,10 @@ and derender code calls to count work the middleware cannot see in a response st
     tokens_rendered(n)      prompt ids produced by a render
     mm_items(modality, n)   multimodal items (images, ...) in a render
     derender_chunk(tokens)  one derender call and the generated ids it consumed
-    cache_event(kind)       parser-cache "hit" | "miss" | "eviction"
+    observe_derender(body, cache)  derender_chunk read off a derender body, plus the parser
+                            cache's own counters (so the cache itself needs no hooks)
+    cache_event(kind)       parser-cache "hit" | "miss" | "eviction" | "expiration", for a cache
+                            not reported through observe_derender (never both)
     in_pool(fn)             wraps a callable bound for the worker pool (queue depth, busy workers)
 
 With ``--workers N`` > 1 every process writes its samples to files in
@@ -21,6 +24,7 @@ import logging
 import os
 import secrets
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
@@ -40,7 +44,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 T = TypeVar("T")
-CacheEvent = Literal["hit", "miss", "eviction"]
+CacheEvent = Literal["hit", "miss", "eviction", "expiration"]
+_CACHE_EVENT_NAMES: tuple[CacheEvent, ...] = ("hit", "miss", "eviction", "expiration")
 
 # prometheus_client itself switches to file-backed values when this variable is set at import.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -109,9 +114,15 @@ DERENDER_TOKENS = Counter(
 )
 PARSER_CACHE = Counter(
     "render_service_parser_cache_events",
-    "Parser-state cache lookups and evictions, by event (hit, miss, eviction).",
+    "Parser-state cache lookups and removals, by event (hit, miss, eviction, expiration).",
     ["event"],
     registry=_registry,
+)
+PARSER_CACHE_ENTRIES = Gauge(
+    "render_service_parser_cache_entries",
+    "Stream states held in the parser cache now (summed over processes).",
+    registry=_registry,
+    multiprocess_mode="livesum",
 )
 POOL_QUEUED = Gauge(
     "render_service_worker_pool_queued",
@@ -133,7 +144,7 @@ POOL_SIZE = Gauge(
 )
 
 # Prebound children: the hot path should not look up labels it always uses.
-_CACHE_EVENTS = {event: PARSER_CACHE.labels(event) for event in ("hit", "miss", "eviction")}
+_CACHE_EVENTS = {event: PARSER_CACHE.labels(event) for event in _CACHE_EVENT_NAMES}
 for _child in _CACHE_EVENTS.values():
     _child.inc(0)  # make the series exist at zero so rate() works from the first scrape
 
@@ -167,6 +178,36 @@ def observe_render(results: Iterable[Any]) -> None:
         if features:
             for modality, hashes in (features.get("mm_hashes") or {}).items():
                 mm_items(modality, len(hashes))
+
+
+def observe_derender(body: Any, cache: Any) -> None:
+    """Count one derender call and its generated ids; catch up with the parser cache's counters.
+
+    ``body`` is any derender request (one ``generate_chunk``, one ``generate_response`` or a list
+    of ``generate_responses``); ``cache.stats()`` has cumulative ``hits``, ``misses``,
+    ``evictions``, ``expirations`` and the current ``size``. Called on the event loop only.
+    """
+    responses = getattr(body, "generate_responses", None) or [
+        getattr(body, "generate_chunk", None) or getattr(body, "generate_response", None)
+    ]
+    tokens = 0
+    for response in responses:
+        for choice in getattr(response, "choices", None) or ():
+            tokens += len(choice.token_ids or ())
+    derender_chunk(tokens)
+    stats = cache.stats()
+    # Each cache's cumulative counters as last reported, so each call adds only what is new.
+    seen = _cache_seen.setdefault(cache, dict.fromkeys(_CACHE_EVENT_NAMES, 0))
+    for event, field in zip(_CACHE_EVENT_NAMES, _CACHE_STATS_FIELDS, strict=True):
+        total = getattr(stats, field)
+        if total > seen[event]:
+            _CACHE_EVENTS[event].inc(total - seen[event])
+            seen[event] = total
+    PARSER_CACHE_ENTRIES.set(stats.size)
+
+
+_CACHE_STATS_FIELDS = ("hits", "misses", "evictions", "expirations")
+_cache_seen: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def pool_size(workers: int) -> None:

@@ -8,7 +8,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
+from types import FrameType, SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -195,3 +195,46 @@ def _gauge(name: str) -> float:
     sample = metrics._registry.get_sample_value(f"render_service_worker_pool_{name}")
     assert sample is not None
     return sample
+
+
+class FakeCache:
+    """Stands in for ParserCache: only cumulative stats() matter to the metrics."""
+
+    def __init__(self) -> None:
+        self.counts = {"hits": 0, "misses": 0, "evictions": 0, "expirations": 0, "size": 0}
+
+    def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(**self.counts)
+
+
+def test_observe_derender_counts_chunks_tokens_and_cache_deltas(client: TestClient) -> None:
+    stream = SimpleNamespace(
+        generate_chunk=SimpleNamespace(choices=[SimpleNamespace(token_ids=[1, 2, 3])])
+    )
+    batch = SimpleNamespace(
+        generate_responses=[
+            SimpleNamespace(
+                choices=[SimpleNamespace(token_ids=[4, 5]), SimpleNamespace(token_ids=None)]
+            ),
+            SimpleNamespace(choices=[SimpleNamespace(token_ids=[6])]),
+        ]
+    )
+    one, other = FakeCache(), FakeCache()
+    before = scrape(client)
+    one.counts.update(hits=2, misses=1, size=1)
+    metrics.observe_derender(stream, one)
+    one.counts.update(hits=3, evictions=1, expirations=2, size=0)
+    metrics.observe_derender(batch, one)
+    other.counts.update(hits=1)  # a second cache (another app in this process) adds its own
+    metrics.observe_derender(stream, other)
+    after = scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("render_service_derender_chunks_total") == 3
+    assert delta("render_service_derendered_tokens_total") == 3 + 3 + 3
+    assert delta("render_service_parser_cache_events_total", event="hit") == 4
+    assert delta("render_service_parser_cache_events_total", event="miss") == 1
+    assert delta("render_service_parser_cache_events_total", event="eviction") == 1
+    assert delta("render_service_parser_cache_events_total", event="expiration") == 2
