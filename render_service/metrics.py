@@ -20,13 +20,12 @@ of ``/metrics`` on any process aggregates all of them; see docs/deployment.md.
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TextIO, TypeVar
 
 import msgspec
 from prometheus_client import (
@@ -247,10 +246,30 @@ async def metrics_endpoint(request: Request) -> Response:
 
 # ---- middleware --------------------------------------------------------------------------------
 
-access_log = logging.getLogger("render_service.access")
 _PROBES = frozenset({"/health", "/ready", "/metrics"})
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _UNMATCHED = "unmatched"
 _json = msgspec.json.Encoder()
+
+
+class AccessLog:
+    """Where access lines go: one JSON object per line on a text stream, or nowhere (the default).
+
+    Written directly rather than through ``logging``: a LogRecord per request costs more than
+    everything else this middleware does.
+    """
+
+    def __init__(self) -> None:
+        self.stream: TextIO | None = None
+        self.probes = False
+
+    def configure(self, stream: TextIO | None, *, probes: bool = False) -> None:
+        """Send lines to ``stream`` (None: off); ``probes`` also logs /health, /ready, /metrics."""
+        self.stream = stream
+        self.probes = probes
+
+
+access_log = AccessLog()
 
 
 class AccessLine(msgspec.Struct):
@@ -284,6 +303,9 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, endpoints: Iterable[str]) -> None:
         self.app = app
         self.endpoints = frozenset(endpoints)
+        # Label lookups cost more than the increments; every key here is from a bounded set.
+        self._requests: dict[tuple[str, str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -322,15 +344,15 @@ class MetricsMiddleware:
         finally:
             IN_FLIGHT.dec()
             elapsed = time.perf_counter() - start
-            REQUESTS.labels(endpoint, scope["method"], str(status)).inc()
-            LATENCY.labels(endpoint).observe(elapsed)
-            level = logging.DEBUG if path in _PROBES else logging.INFO
-            if access_log.isEnabledFor(level):
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self._count(endpoint, method, status, elapsed)
+            stream = access_log.stream
+            if stream is not None and (access_log.probes or path not in _PROBES):
                 client = scope.get("client")
                 line = AccessLine(
                     ts=round(time.time(), 3),
                     request_id=request_id,
-                    method=scope["method"],
+                    method=method,
                     path=path[:256],
                     status=status,
                     duration_ms=round(elapsed * 1000, 3),
@@ -338,7 +360,18 @@ class MetricsMiddleware:
                     bytes_out=bytes_out,
                     client=f"{client[0]}:{client[1]}" if client else None,
                 )
-                access_log.log(level, _json.encode(line).decode())
+                stream.write(_json.encode(line).decode() + "\n")
+
+    def _count(self, endpoint: str, method: str, status: int, elapsed: float) -> None:
+        key = (endpoint, method, status)
+        requests = self._requests.get(key)
+        if requests is None:
+            requests = self._requests[key] = REQUESTS.labels(endpoint, method, str(status))
+        requests.inc()
+        latency = self._latency.get(endpoint)
+        if latency is None:
+            latency = self._latency[endpoint] = LATENCY.labels(endpoint)
+        latency.observe(elapsed)
 
 
 def _on_shutdown(receive: Receive) -> Receive:

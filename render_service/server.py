@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -47,16 +48,19 @@ def _drained(signum: int, frame: FrameType | None) -> None:
 
 
 def _configure_logging(log_level: str) -> None:
+    from render_service import metrics
+
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    # Access lines are already JSON objects: one per line on stdout, nothing around them.
-    access = logging.getLogger("render_service.access")
-    if not access.handlers:
-        handler = logging.StreamHandler(sys.stdout)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        access.addHandler(handler)
-        access.propagate = False
+    # Access lines are JSON objects, one per line on stdout (other logs go to stderr), written
+    # at "info" and below; "debug" adds the probes. Line buffering: a log that trails behind
+    # the traffic is useless when a replica dies.
+    level = logging.getLevelName(log_level.upper())
+    on = isinstance(level, int) and level <= logging.INFO
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    metrics.access_log.configure(sys.stdout if on else None, probes=level == logging.DEBUG)
 
 
 def serve(settings: Settings, *, log_level: str = "info") -> None:

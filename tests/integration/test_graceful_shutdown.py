@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -74,6 +75,9 @@ def test_sigterm_finishes_in_flight_request_and_exits_zero(
     log = server.log.read_text()
     assert "draining: /ready now answers 503" in log
     assert "Traceback" not in log
+    # The drained request was logged as one JSON access line with its status.
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert [(r["path"], r["status"]) for r in lines] == [("/v1/completions/render", 200)]
 
 
 def test_sigterm_with_several_workers_exits_zero(default_model_dir: Path, tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import io
 import json
-import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -136,15 +136,25 @@ def test_request_id_is_echoed_or_minted(client: TestClient) -> None:
     assert errored.headers["x-request-id"] == "r-2"
 
 
+@pytest.fixture
+def access_lines() -> Iterator[io.StringIO]:
+    sink = io.StringIO()
+    metrics.access_log.configure(sink)
+    try:
+        yield sink
+    finally:
+        metrics.access_log.configure(None)
+
+
 def test_access_log_is_one_json_object_per_request(
-    client: TestClient, caplog: pytest.LogCaptureFixture
+    client: TestClient, access_lines: io.StringIO
 ) -> None:
     body = {"messages": [{"role": "user", "content": "secret prompt text"}]}
-    with caplog.at_level(logging.INFO, logger="render_service.access"):
-        response = client.post(CHAT, json=body, headers={"X-Request-Id": "log-1"})
-        client.get("/health")  # probes log at DEBUG only
-    lines = [r.getMessage() for r in caplog.records if r.name == "render_service.access"]
-    assert len(lines) == 1
+    response = client.post(CHAT, json=body, headers={"X-Request-Id": "log-1"})
+    client.get("/health")  # probes are logged only with probes=True (--log-level debug)
+    client.request("BREW", "/v1/models")
+    lines = access_lines.getvalue().splitlines()
+    assert len(lines) == 2
     record = json.loads(lines[0])
     assert record["request_id"] == "log-1"
     assert record["method"] == "POST"
@@ -154,6 +164,7 @@ def test_access_log_is_one_json_object_per_request(
     assert record["bytes_in"] == len(response.request.content)
     assert record["duration_ms"] >= 0
     assert "secret" not in lines[0]
+    assert json.loads(lines[1])["method"] == "other"  # unknown methods cannot grow the labels
 
 
 @pytest.mark.usefixtures("fresh_drain_flag")
