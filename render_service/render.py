@@ -145,11 +145,7 @@ class Renderer:
             request, max_tokens, logprobs, request.prompt_logprobs, skip_special, structured
         )
         reasoning_ended = hints.reasoning_ended
-        if (
-            self.parsing is not None
-            and self.parsing.has_reasoning
-            and not request.include_reasoning
-        ):
+        if not request.include_reasoning:
             reasoning_ended = True
         base_id = request_id or request.request_id or checks.random_request_id()
         kv_params = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -67,9 +68,11 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
     _configure_logging(log_level)
     if settings.state_secret is None:
         log.warning(
-            "No --state-secret (or RENDER_SERVICE_STATE_SECRET): a random per-process secret signs "
-            "stream_state, so a stream CANNOT move between replicas or worker processes."
+            "No --state-secret (or RENDER_SERVICE_STATE_SECRET): a random secret signs stream_state, "
+            "so a stream CANNOT move to another replica. Give every replica the same secret."
         )
+        # One secret for all worker processes of this server, so its own workers agree.
+        settings = msgspec.structs.replace(settings, state_secret=secrets.token_hex(32))
     os.environ[_SETTINGS_ENV] = msgspec.json.encode(settings).decode()
     os.environ[_LOG_LEVEL_ENV] = log_level
     metrics_dir = _multiprocess_metrics_dir() if settings.workers > 1 else None

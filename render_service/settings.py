@@ -30,6 +30,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     enable_request_id_headers: bool = False
     max_logprobs: int = 20
     max_body_bytes: int = 64 * 1024 * 1024
+    max_stream_state_bytes: int = 16384
+    parser_cache_entries: int = 4096
+    parser_cache_ttl: float = 300.0
 
     @property
     def model_name(self) -> str:

@@ -6,6 +6,7 @@ No container engine or cluster runs here; these checks are what can be verified 
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 from pathlib import Path
@@ -264,3 +265,22 @@ def test_dockerfile_installs_like_the_readme_and_runs_as_non_root() -> None:
         if instruction == "COPY":
             for source in shlex.split(rest)[:-1]:
                 assert (REPO / source).exists(), source
+
+
+# ---- docs ---------------------------------------------------------------------------------------
+
+
+def test_deployment_doc_lists_every_serve_flag() -> None:
+    doc = (REPO / "docs" / "deployment.md").read_text()
+    parser = build_parser()
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    serve = subcommands.choices["serve"]
+    flags = [
+        option
+        for action in serve._actions
+        for option in action.option_strings
+        if option.startswith("--") and not option.startswith("--no-") and option != "--help"
+    ]
+    assert flags
+    missing = [flag for flag in flags if f"| `{flag}` |" not in doc]
+    assert not missing, f"docs/deployment.md has no row for {missing}"

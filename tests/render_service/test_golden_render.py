@@ -25,7 +25,7 @@ DIRECTORIES = [
     "llama-3.1-instruct",
 ]
 # Fields that need the parsers issue, compared once render_service.parsing is wired to parsers/.
-PARSER_FIELDS = ("reasoning_ended",)
+PARSER_FIELDS: tuple[str, ...] = ()
 
 
 @cache
