@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +286,37 @@ def test_deployment_doc_lists_every_serve_flag() -> None:
     assert flags
     missing = [flag for flag in flags if f"| `{flag}` |" not in doc]
     assert not missing, f"docs/deployment.md has no row for {missing}"
+
+
+def test_shipped_nginx_conf_passes_nginx_t(tmp_path: Path) -> None:
+    """`nginx -t` on docker/nginx.conf, with only what needs Docker swapped out: the service name
+    (resolved by Docker's DNS, and `resolve` needs nginx >= 1.27.3) and the container paths."""
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not Path(binary).exists():
+        pytest.skip("nginx is not installed (.ci/run installs Debian's nginx-light)")
+    conf = (DOCKER / "nginx.conf").read_text()
+    swaps = {
+        "server render:8000 resolve ": "server 127.0.0.1:8000 ",
+        "/etc/nginx/render-proxy.conf": str(DOCKER / "render-proxy.conf"),
+        "/tmp/": f"{tmp_path}/",
+    }
+    for old, new in swaps.items():
+        assert old in conf, old
+        conf = conf.replace(old, new)
+    (tmp_path / "nginx.conf").write_text(conf)
+    check = subprocess.run(
+        [
+            binary,
+            "-t",
+            "-p",
+            str(tmp_path),
+            "-e",
+            str(tmp_path / "error.log"),
+            "-c",
+            str(tmp_path / "nginx.conf"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
