@@ -590,7 +590,9 @@ class Derenderer:
             if dot and len(digest_hex) == 32:
                 digest = _digest_of(digest_hex)
                 cached = self.cache.check_out(digest) if digest is not None else None
-                if cached is not None and hmac.compare_digest(cached[0], signed):
+                if cached is not None and hmac.compare_digest(
+                    cached[0].encode(), signed.encode(errors="replace")
+                ):
                     return cached[1]
                 token = signed
         return self.codec.decode(token, ChoiceState)

@@ -33,6 +33,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_stream_state_bytes: int = 16384
     parser_cache_entries: int = 4096
     parser_cache_ttl: float = 300.0
+    segment_cache_entries: int = 4096
 
     @property
     def model_name(self) -> str:
