@@ -13,11 +13,12 @@ from typing import Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from render_service import __version__
+from render_service import __version__, lifecycle, metrics
 from render_service.derender import Derenderer, build_derenderer
 from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
 from render_service.protocol._base import decode_body
@@ -104,7 +105,7 @@ class Service:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """The one place CPU work leaves the event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.pool, metrics.in_pool(partial(fn, *args, **kwargs)))
 
     async def body(self, request: Request) -> bytes:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -138,6 +139,7 @@ class Service:
         result = await self.run(
             self.renderer.render_chat, body, request_id=request.headers.get("x-request-id")
         )
+        metrics.observe_render((result,))
         return MsgspecResponse(result)
 
     async def render_completion(self, request: Request) -> Response:
@@ -146,27 +148,32 @@ class Service:
         result = await self.run(
             self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
         )
+        metrics.observe_render(result)
         return MsgspecResponse(result)
 
     async def derender_chat(self, request: Request) -> Response:
         data = await self.body(request)
         if decode_body(data, _stream_flag_decoder).stream is True:
             stream_body = decode_body(data, _derender_chat_stream_decoder)
-            return MsgspecResponse(
-                await self.run(self.derenderer.derender_chat_stream, stream_body)
+            return self.derendered(
+                stream_body, await self.run(self.derenderer.derender_chat_stream, stream_body)
             )
         body = decode_body(data, _derender_chat_decoder)
-        return MsgspecResponse(await self.run(self.derenderer.derender_chat, body))
+        return self.derendered(body, await self.run(self.derenderer.derender_chat, body))
 
     async def derender_completion(self, request: Request) -> Response:
         data = await self.body(request)
         if decode_body(data, _stream_flag_decoder).stream is True:
             stream_body = decode_body(data, _derender_cmpl_stream_decoder)
-            return MsgspecResponse(
-                await self.run(self.derenderer.derender_completion_stream, stream_body)
+            return self.derendered(
+                stream_body, await self.run(self.derenderer.derender_completion_stream, stream_body)
             )
         body = decode_body(data, _derender_cmpl_decoder)
-        return MsgspecResponse(await self.run(self.derenderer.derender_completion, body))
+        return self.derendered(body, await self.run(self.derenderer.derender_completion, body))
+
+    def derendered(self, body: Any, result: Any) -> Response:
+        metrics.observe_derender(body, self.derenderer.cache)
+        return MsgspecResponse(result)
 
     async def tokenize(self, request: Request) -> Response:
         data = await self.body(request)
@@ -199,6 +206,10 @@ class Service:
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness, unlike /health (liveness): 503 once a graceful shutdown has begun."""
+        return Response(status_code=503 if lifecycle.draining() else 200)
 
     async def version(self, request: Request) -> Response:
         return MsgspecResponse({"version": __version__})
@@ -276,7 +287,13 @@ def build_app(renderer: Renderer) -> Starlette:
         Route("/v1/models", g(service.models), methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
         Route("/version", service.version, methods=["GET"]),
+        Route("/ready", service.ready, methods=["GET"]),
+        Route("/metrics", metrics.metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    metrics.pool_size(max(1, renderer.settings.renderer_num_workers))
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
+    )
     app.state.service = service
     return app
