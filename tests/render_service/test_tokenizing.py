@@ -67,3 +67,15 @@ def test_long_stretches_are_cached_and_evicted(encoders: list[SegmentEncoder]) -
     for i in range(100):
         encoder.encode(f"<|im_start|>user\n{'x' * 70} {i}<|im_end|>")
     assert len(encoder) <= encoder.max_entries
+
+
+@settings(max_examples=25, deadline=None)
+@given(words=st.lists(TEXT, min_size=1, max_size=40))
+def test_long_stretches_encoded_in_parallel_parts_keep_their_ids(
+    encoders: list[SegmentEncoder], words: list[str]
+) -> None:
+    base = " ".join(words) + " Word"
+    text = (base + " ") * (20_000 // len(base) + 1)
+    for encoder in encoders:
+        assert encoder.parallel
+        assert encoder.encode(text) == encoder.backend.encode(text, add_special_tokens=False).ids
