@@ -1,0 +1,468 @@
+"""Turn one run's `Results` into a Markdown report, PNG plots and the raw JSON.
+
+Every figure in the report is read from `Results`; nothing is typed in. Ratios are "how many
+times better render-service is": vLLM ÷ render-service for times and bytes, render-service ÷
+vLLM for throughput.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TypeVar
+
+from bench.results import (
+    OURS,
+    OURS_LEAN,
+    PEER,
+    Outcome,
+    Results,
+    StreamRow,
+    encode,
+)
+
+Row = TypeVar("Row")
+
+
+def write(results: Results, out_dir: Path, stem: str) -> list[Path]:
+    """Write `<stem>.md`, `<stem>.json` and `<stem>-*.png` into `out_dir`; refresh index.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    raw = out_dir / f"{stem}.json"
+    raw.write_bytes(encode(results) + b"\n")
+    plots = draw_plots(results, out_dir, stem)
+    page = out_dir / f"{stem}.md"
+    page.write_text(render_markdown(results, raw.name, [p.name for p in plots]))
+    index = write_index(out_dir)
+    return [page, raw, *plots, index]
+
+
+def write_index(out_dir: Path) -> Path:
+    reports = sorted((p for p in out_dir.glob("*.md") if p.name != "index.md"), reverse=True)
+    lines = [
+        "# Bench reports",
+        "",
+        "Newest first; each was written by `python -m bench compare`.",
+        "",
+    ]
+    lines += [f"- [{p.stem}]({p.name})" for p in reports]
+    index = out_dir / "index.md"
+    index.write_text("\n".join(lines) + "\n")
+    return index
+
+
+def _ratio(better_when_smaller: bool, peer: float | None, ours: float | None) -> str:
+    if not peer or not ours:
+        return "–"
+    value = peer / ours if better_when_smaller else ours / peer
+    return f"{value:.2f}×" if value < 10 else f"{value:.0f}×"
+
+
+def _find(rows: Iterable[Row], **match: object) -> Row | None:
+    for row in rows:
+        if all(getattr(row, key) == value for key, value in match.items()):
+            return row
+    return None
+
+
+def _ok_value(row: object | None, field: str) -> float | None:
+    if row is None or not row.outcome.ok:  # type: ignore[attr-defined]
+        return None
+    return float(getattr(row, field))
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+class _Notes:
+    """Footnotes: each distinct (system, note) once, so long error texts stay out of the tables."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def cell(self, system: str, row: object | None, text: Callable[[], str]) -> str:
+        if row is None:
+            return "not measured"
+        outcome: Outcome = row.outcome  # type: ignore[attr-defined]
+        if outcome.ok:
+            return text()
+        if outcome.note:
+            item = f"{system}: {outcome.status}: {outcome.note}"
+            if item not in self.items:
+                self.items.append(item)
+            return f"{outcome.status} [{self.items.index(item) + 1}]"
+        return outcome.status
+
+    def lines(self) -> list[str]:
+        return [f"[{i}] {text}  " for i, text in enumerate(self.items, 1)]
+
+
+def render_markdown(results: Results, raw_name: str, plot_names: list[str]) -> str:
+    meta = results.meta
+    notes = _Notes()
+    out = [
+        f"# render-service vs vLLM 0.33.0: {'quick' if meta.quick else 'full'} bench",
+        "",
+        f"Run {meta.started_utc} → {meta.finished_utc} (UTC) on {meta.machine}. "
+        f"Model `{meta.model}`, parser flags `{' '.join(meta.parser_flags)}` on both servers. "
+        f"Raw numbers: [{raw_name}]({raw_name}). Command: "
+        f"`python -m bench compare{' --quick' if meta.quick else ''}`.",
+        "",
+        "Ratios say how many times better render-service is (vLLM ÷ render-service for times "
+        "and bytes, render-service ÷ vLLM for throughput). Each server ran alone on the machine "
+        "while measured (the other one idle); the client runs on the same 2 cores, so it takes "
+        "CPU from the server under load.",
+        "",
+    ]
+    out += _noise_section(results)
+    out += _latency_section(results, notes)
+    out += _throughput_section(results, notes)
+    out += _stream_section(results, notes)
+    out += _batch_section(results, notes)
+    out += _bytes_section(results, notes)
+    out += ["## Plots", ""]
+    out += [f"![{name}]({name})" for name in plot_names]
+    out += ["", "## Notes", ""]
+    out += notes.lines() or ["(none)"]
+    out += ["", "## Setup", ""]
+    out += [f"- {system}: `{command}`" for system, command in meta.commands.items()]
+    out += [f"- {system}: {note}" for system, note in meta.system_notes.items()]
+    out += ["- plan: " + ", ".join(f"{k}={v}" for k, v in meta.settings.items())]
+    return "\n".join(out) + "\n"
+
+
+def _noise_section(results: Results) -> list[str]:
+    out = ["## How noisy", ""]
+    rows = []
+    for row in results.latency_noise:
+        if row.outcome.ok and row.medians_ms:
+            runs = ", ".join(f"{m:.2f}" for m in row.medians_ms)
+            rows.append([row.system, row.label, runs, f"{row.spread_pct:.1f} %"])
+        else:
+            rows.append([row.system, row.label, row.outcome.status, "–"])
+    out += _table(
+        ["system", "workload", "median of each repeat (ms)", "spread (max−min)/median"], rows
+    )
+    measured = [r for r in results.latency_noise if r.outcome.ok and len(r.medians_ms) > 1]
+    if measured:
+        worst = max(r.spread_pct for r in measured)
+        repeats = max(len(r.medians_ms) for r in measured)
+        out += [
+            "",
+            f"The same workload, repeated {repeats} times and alternating between the systems, "
+            f"gave medians up to {worst:.1f} % apart: differences smaller than that are noise. "
+            f"Load average (1/5/15 min) at start {results.meta.load_average.get('start', '?')}, "
+            f"at end {results.meta.load_average.get('end', '?')}; anything else running on the "
+            "machine widens the spread.",
+        ]
+    return [*out, ""]
+
+
+def _latency_section(results: Results, notes: _Notes) -> list[str]:
+    rows = []
+    keys = []
+    for row in results.render_latency:
+        if (row.label, row.tools) not in keys:
+            keys.append((row.label, row.tools))
+    for label, tools in keys:
+        peer = _find(results.render_latency, system=PEER, label=label, tools=tools)
+        ours = _find(results.render_latency, system=OURS, label=label, tools=tools)
+        tokens = next(r.prompt_tokens for r in (peer, ours) if r is not None)
+        rows.append(
+            [
+                f"{label}{' + tools' if tools else ''}",
+                str(tokens),
+                notes.cell(PEER, peer, lambda r=peer: f"{r.median_ms:.2f} / {r.p99_ms:.2f}"),
+                notes.cell(OURS, ours, lambda r=ours: f"{r.median_ms:.2f} / {r.p99_ms:.2f}"),
+                _ratio(True, _ok_value(peer, "median_ms"), _ok_value(ours, "median_ms")),
+                notes.cell(PEER, peer, lambda r=peer: f"{r.server_cpu_ms_per_request:.2f}"),
+                notes.cell(OURS, ours, lambda r=ours: f"{r.server_cpu_ms_per_request:.2f}"),
+            ]
+        )
+    reps = {r.requests for r in results.render_latency if r.outcome.ok}
+    header = [
+        "chat prompt",
+        "tokens",
+        f"{PEER} median / p99 ms",
+        f"{OURS} median / p99 ms",
+        "ratio (median)",
+        f"{PEER} server CPU ms/req",
+        f"{OURS} server CPU ms/req",
+    ]
+    return [
+        "## Render latency (POST /v1/chat/completions/render, one client)",
+        "",
+        f"Requests per row: {', '.join(map(str, sorted(reps))) or '–'} after warm-up; with "
+        "fewer than 100 requests p99 is the slowest request.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
+def _throughput_section(results: Results, notes: _Notes) -> list[str]:
+    rows = []
+    for clients in sorted({r.concurrency for r in results.throughput}):
+        peer = _find(results.throughput, system=PEER, concurrency=clients)
+        ours = _find(results.throughput, system=OURS, concurrency=clients)
+        rows.append(
+            [
+                str(clients),
+                notes.cell(PEER, peer, lambda r=peer: f"{r.requests_per_s:.1f}"),
+                notes.cell(OURS, ours, lambda r=ours: f"{r.requests_per_s:.1f}"),
+                _ratio(False, _ok_value(peer, "requests_per_s"), _ok_value(ours, "requests_per_s")),
+                notes.cell(PEER, peer, lambda r=peer: _per_req(r.server_cpu_s, r.requests)),
+                notes.cell(OURS, ours, lambda r=ours: _per_req(r.server_cpu_s, r.requests)),
+                notes.cell(PEER, peer, lambda r=peer: _per_req(r.client_cpu_s, r.requests)),
+                notes.cell(OURS, ours, lambda r=ours: _per_req(r.client_cpu_s, r.requests)),
+            ]
+        )
+    tokens = {r.prompt_tokens for r in results.throughput}
+    header = [
+        "clients",
+        f"{PEER} req/s",
+        f"{OURS} req/s",
+        "ratio",
+        f"{PEER} server CPU ms/req",
+        f"{OURS} server CPU ms/req",
+        f"client CPU ms/req ({PEER})",
+        f"client CPU ms/req ({OURS})",
+    ]
+    return [
+        "## Render throughput (concurrent clients, chat prompt of "
+        f"{', '.join(map(str, sorted(tokens)))} tokens)",
+        "",
+        "The load generator is one Python process (httpx, asyncio) on the same cores; its own "
+        "CPU per request is listed so a client-bound row can be recognised.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
+def _per_req(seconds: float, requests: int) -> str:
+    return f"{1000 * seconds / requests:.2f}" if requests else "–"
+
+
+def _stream_section(results: Results, notes: _Notes) -> list[str]:
+    rows = []
+    for n in sorted({r.n for r in results.stream_derender}):
+        peer = _find(results.stream_derender, system=PEER, n=n)
+        ours = _find(results.stream_derender, system=OURS, n=n)
+        lean = _find(results.stream_derender, system=OURS_LEAN, n=n)
+
+        def show(row: StreamRow | None, system: str) -> str:
+            return notes.cell(system, row, lambda: f"{row.server_cpu_s:.3f} / {row.wall_s:.2f}")  # type: ignore[union-attr]
+
+        rows.append(
+            [
+                str(n),
+                show(peer, PEER),
+                show(ours, OURS),
+                _ratio(True, _ok_value(peer, "server_cpu_s"), _ok_value(ours, "server_cpu_s")),
+                show(lean, OURS_LEAN),
+                _ratio(True, _ok_value(peer, "server_cpu_s"), _ok_value(lean, "server_cpu_s")),
+                _same(ours, lean),
+            ]
+        )
+    header = [
+        "n chunks",
+        f"{PEER} server CPU s / wall s",
+        f"{OURS} CPU s / wall s",
+        "ratio (CPU)",
+        f"{OURS_LEAN} CPU s / wall s",
+        "ratio (CPU, lean)",
+        "same message as vLLM (ours / lean)",
+    ]
+    finals = [
+        f"- {r.system}, n={r.n}: {r.final_summary}"
+        for r in results.stream_derender
+        if r.outcome.ok and r.final_summary
+    ]
+    return [
+        "## Streaming derender (qwen3 + hermes, one output token per call)",
+        "",
+        "vLLM's documented client loop: each call sends one generate chunk and the previous "
+        "`stream_state` (plus `prompt_token_ids` and `chat_request`, required with a parser). "
+        "The output is `<think>` reasoning `</think>` answer, one hermes `<tool_call>`, "
+        "`<|im_end|>`; the prompt is the ~1k chat with tools. Lean: calls after the first leave "
+        "out `prompt_token_ids` and `chat_request`. Server CPU is utime + stime of the server's "
+        'process tree from /proc. "Same message" compares the accumulated reasoning, content, '
+        "tool calls and finish_reason with vLLM's stream of the same n.",
+        "",
+        *_table(header, rows),
+        "",
+        "What each finished stream said (accumulated by the client):",
+        "",
+        *(finals or ["- (no finished stream)"]),
+        "",
+    ]
+
+
+def _same(*rows: StreamRow | None) -> str:
+    marks = []
+    for row in rows:
+        if row is None or row.final_matches_peer is None:
+            marks.append("–")
+        else:
+            marks.append("yes" if row.final_matches_peer else "NO")
+    return " / ".join(marks)
+
+
+def _batch_section(results: Results, notes: _Notes) -> list[str]:
+    rows = []
+    for n in sorted({r.n for r in results.batch_derender}):
+        peer = _find(results.batch_derender, system=PEER, n=n)
+        ours = _find(results.batch_derender, system=OURS, n=n)
+        rows.append(
+            [
+                str(n),
+                notes.cell(PEER, peer, lambda r=peer: f"{r.median_ms:.2f}"),
+                notes.cell(OURS, ours, lambda r=ours: f"{r.median_ms:.2f}"),
+                _ratio(True, _ok_value(peer, "median_ms"), _ok_value(ours, "median_ms")),
+                notes.cell(PEER, peer, lambda r=peer: f"{r.server_cpu_ms_per_request:.2f}"),
+                notes.cell(OURS, ours, lambda r=ours: f"{r.server_cpu_ms_per_request:.2f}"),
+            ]
+        )
+    header = [
+        "n tokens",
+        f"{PEER} median ms",
+        f"{OURS} median ms",
+        "ratio",
+        f"{PEER} server CPU ms/req",
+        f"{OURS} server CPU ms/req",
+    ]
+    return ["## Batch derender (the same tokens in one request)", "", *_table(header, rows), ""]
+
+
+def _bytes_section(results: Results, notes: _Notes) -> list[str]:
+    rows = []
+    for tokens in sorted({r.prompt_tokens for r in results.bytes_per_chunk}):
+        group = {
+            system: _find(results.bytes_per_chunk, system=system, prompt_tokens=tokens)
+            for system in (PEER, OURS, OURS_LEAN)
+        }
+        chunks = max(
+            (r.chunks for r in group.values() if r is not None and r.outcome.ok), default=0
+        )
+        row = [str(tokens), str(chunks)]
+        for system, item in group.items():
+            row.append(
+                notes.cell(
+                    system,
+                    item,
+                    lambda r=item: f"{r.request_bytes_mean:.0f} / {r.request_bytes_last}",
+                )
+            )
+        for system, item in group.items():
+            row.append(notes.cell(system, item, lambda r=item: f"{r.response_bytes_mean:.0f}"))
+        peer_mean = _ok_value(group[PEER], "request_bytes_mean")
+        row.append(_ratio(True, peer_mean, _ok_value(group[OURS], "request_bytes_mean")))
+        row.append(_ratio(True, peer_mean, _ok_value(group[OURS_LEAN], "request_bytes_mean")))
+        rows.append(row)
+    header = [
+        "prompt tokens",
+        "chunks",
+        f"{PEER} request B mean / last",
+        f"{OURS} request B mean / last",
+        f"{OURS_LEAN} request B mean / last",
+        f"{PEER} response B mean",
+        f"{OURS} response B mean",
+        f"{OURS_LEAN} response B mean",
+        "ratio (request, mean)",
+        "ratio (request, lean)",
+    ]
+    return [
+        "## Bytes per streaming-derender call",
+        "",
+        "Request and response body sizes of the streaming loop above over the first chunks of "
+        "the output; `last` is the final call's request, which grows with the carried state.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
+def draw_plots(results: Results, out_dir: Path, stem: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    systems = (PEER, OURS, OURS_LEAN)
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for system in systems:
+        pts = [
+            (r.n, r.server_cpu_s)
+            for r in results.stream_derender
+            if r.system == system and r.outcome.ok
+        ]
+        if pts:
+            ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=system)
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="one-token chunks (n)",
+        ylabel="server CPU (s)",
+        title="Streaming derender: server CPU per stream",
+    )
+    paths.append(_save(fig, ax, out_dir / f"{stem}-stream-cpu.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for system in (PEER, OURS):
+        for tools in (False, True):
+            pts = [
+                (r.prompt_tokens, r.median_ms)
+                for r in results.render_latency
+                if r.system == system and r.tools == tools and r.outcome.ok
+            ]
+            if pts:
+                ax.plot(
+                    *zip(*sorted(pts), strict=True),
+                    marker="o",
+                    label=f"{system}{' + tools' if tools else ''}",
+                )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="prompt tokens",
+        ylabel="median latency (ms)",
+        title="Chat render latency vs prompt length",
+    )
+    paths.append(_save(fig, ax, out_dir / f"{stem}-render-latency.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for system in (PEER, OURS):
+        pts = [
+            (r.concurrency, r.requests_per_s)
+            for r in results.throughput
+            if r.system == system and r.outcome.ok
+        ]
+        if pts:
+            ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=system)
+    ax.set(
+        xscale="log",
+        xlabel="concurrent clients",
+        ylabel="requests / s",
+        title="Chat render throughput",
+    )
+    paths.append(_save(fig, ax, out_dir / f"{stem}-render-throughput.png"))
+    return paths
+
+
+def _save(fig: object, ax: object, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    if ax.get_legend_handles_labels()[0]:  # type: ignore[attr-defined]
+        ax.legend()  # type: ignore[attr-defined]
+    else:
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)  # type: ignore[attr-defined]
+    ax.grid(True, which="both", alpha=0.3)  # type: ignore[attr-defined]
+    fig.tight_layout()  # type: ignore[attr-defined]
+    fig.savefig(path, dpi=100)  # type: ignore[attr-defined]
+    plt.close(fig)  # type: ignore[arg-type]
+    return path
