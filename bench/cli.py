@@ -40,6 +40,7 @@ from bench.results import (
     Results,
     StreamRow,
     ThroughputRow,
+    decode,
 )
 from bench.servers import Server, ServerDown, free_port
 
@@ -179,30 +180,51 @@ class Runner:
                     self.say(f"{name}: {what}: {_show(row.outcome, done)}")
 
     def noise_round(self, name: str, server: Server) -> None:
-        size = self.plan.latency_sizes[0]
-        label = f"render {_label(size)} no tools"
-        row = next((r for r in self.results.latency_noise if r.system == name), None)
-        if row is None:
-            row = NoiseRow(name, label, Outcome())
-            self.results.latency_noise.append(row)
-        if not row.outcome.ok:
-            return
-        with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
-            try:
-                timing = measure.time_requests(
+        """One repeat of two small workloads; the spread over repeats is the report's noise."""
+        size, n = self.plan.latency_sizes[0], self.plan.stream_n[0]
+        render = self._noise_row(name, f"render {_label(size)} chat, median latency", "ms")
+        if render.outcome.ok:
+            with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+                try:
+                    timing = measure.time_requests(
+                        client,
+                        server.cpu_seconds,
+                        CHAT_RENDER,
+                        self.data.render_body(size, False),
+                        self.plan.latency_reps,
+                        self.plan.warmup,
+                        "render",
+                    )
+                    render.values.append(timing.median_ms)
+                except Failure as failure:
+                    render.outcome = failure.outcome
+        stream = self._noise_row(name, f"streaming derender n={n}, server CPU", "s")
+        if stream.outcome.ok:
+            with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+                run = measure.stream_derender(
                     client,
                     server.cpu_seconds,
-                    CHAT_RENDER,
-                    self.data.render_body(size, False),
-                    self.plan.latency_reps,
-                    self.plan.warmup,
-                    "render",
+                    self.data.stream_base(size),
+                    self.data.outputs[n],
+                    False,
+                    self.plan.stream_budget_s,
+                    f"generate-tokens-chatcmpl-bench-noise-{n}",
                 )
-                row.medians_ms.append(timing.median_ms)
-            except Failure as failure:
-                row.outcome = failure.outcome
-        done = f"median {row.medians_ms[-1]:.2f} ms" if row.medians_ms else ""
-        self.say(f"{name}: noise round {len(row.medians_ms)}: {_show(row.outcome, done)}")
+            if run.outcome.ok:
+                stream.values.append(run.server_cpu_s)
+            else:
+                stream.outcome = run.outcome
+        for row in (render, stream):
+            done = f"{row.values[-1]:.3f} {row.unit}" if row.values else ""
+            self.say(f"{name}: noise, {row.label}: {_show(row.outcome, done)}")
+
+    def _noise_row(self, name: str, label: str, unit: str) -> NoiseRow:
+        for row in self.results.latency_noise:
+            if row.system == name and row.label == label:
+                return row
+        row = NoiseRow(name, label, unit, Outcome())
+        self.results.latency_noise.append(row)
+        return row
 
     def throughput(self, name: str, server: Server) -> None:
         size = self.plan.latency_sizes[0]
@@ -227,8 +249,6 @@ class Runner:
                 row.client_cpu_s = result.client_cpu_s
             except Failure as failure:
                 row.outcome = failure.outcome
-            except httpx.HTTPError as exc:
-                row.outcome = Outcome(ERROR, f"{type(exc).__name__}: {exc}"[:200])
             self.results.throughput.append(row)
             done = f"{row.requests_per_s:.1f} req/s"
             self.say(f"{name}: throughput x{clients}: {_show(row.outcome, done)}")
@@ -239,10 +259,13 @@ class Runner:
         base = self.data.stream_base(size)
         history: list[tuple[int, float]] = []
         with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+            blocked: Outcome | None = None
             for n in self.plan.stream_n:
                 row = StreamRow(row_name, n, Outcome())
                 guess = measure.predicted_stream_s(history, n)
-                if name == PEER and n >= self.plan.ours_only_n:
+                if blocked is not None:
+                    row.outcome = blocked
+                elif name == PEER and n >= self.plan.ours_only_n:
                     row.outcome = Outcome(
                         SKIPPED, f"render-service only (predicted {_secs(guess)} for vLLM)"
                     )
@@ -280,7 +303,7 @@ class Runner:
                 done = f"server CPU {row.server_cpu_s:.2f} s, wall {row.wall_s:.2f} s"
                 self.say(f"{row_name}: stream derender n={n}: {_show(row.outcome, done)}")
                 if row.outcome.status == NOT_IMPLEMENTED:
-                    break
+                    blocked = row.outcome
 
     def batches(self, name: str, server: Server) -> None:
         size = self.plan.latency_sizes[0]
@@ -354,8 +377,12 @@ class Runner:
             for tools in (False, True):
                 tokens = len(data.prompt_ids[(size, tools)])
                 res.render_latency.append(LatencyRow(name, _label(size), tools, tokens, outcome))
+        size, n = plan.latency_sizes[0], plan.stream_n[0]
         res.latency_noise.append(
-            NoiseRow(name, f"render {_label(plan.latency_sizes[0])} no tools", outcome)
+            NoiseRow(name, f"render {_label(size)} chat, median latency", "ms", outcome)
+        )
+        res.latency_noise.append(
+            NoiseRow(name, f"streaming derender n={n}, server CPU", "s", outcome)
         )
         tokens = len(data.prompt_ids[(plan.latency_sizes[0], False)])
         res.throughput.extend(ThroughputRow(name, c, tokens, outcome) for c in plan.concurrency)
@@ -544,6 +571,8 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument(
         "--workers", type=int, default=0, help="--workers for render-service (default: its own)"
     )
+    again = sub.add_parser("report", help="redraw a report from its raw JSON")
+    again.add_argument("json", help="a <date>-<name>.json written by compare")
     sub.add_parser("install-peer", help="only install vLLM 0.33.0 into its venv").add_argument(
         "--vllm-venv", default=None
     )
@@ -552,6 +581,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "report":
+        raw = Path(args.json)
+        for path in report.write(decode(raw.read_bytes()), raw.parent, raw.stem):
+            print(f"wrote {path}")
+        return 0
     if args.command == "install-peer":
         peer.ensure_installed(peer.venv_dir(args.vllm_venv))
         return 0

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from bench import loadgen
 from bench.results import ERROR, NOT_IMPLEMENTED, SKIPPED, Outcome
 
 JSON = {"content-type": "application/json"}
@@ -37,11 +38,15 @@ class Failure(Exception):
 
 
 def outcome_of(response: httpx.Response, what: str) -> Outcome:
-    if response.status_code == 200:
+    return _outcome(response.status_code, response.text, what)
+
+
+def _outcome(status_code: int, text: str, what: str) -> Outcome:
+    if status_code == 200:
         return Outcome()
-    detail = response.text[:160].replace("\n", " ")
-    status = NOT_IMPLEMENTED if response.status_code in _NOT_THERE else ERROR
-    return Outcome(status, f"{what}: HTTP {response.status_code} {detail}")
+    detail = text[:160].replace("\n", " ")
+    status = NOT_IMPLEMENTED if status_code in _NOT_THERE else ERROR
+    return Outcome(status, f"{what}: HTTP {status_code} {detail}")
 
 
 def post(client: httpx.Client, path: str, body: bytes, what: str) -> httpx.Response:
@@ -102,7 +107,10 @@ def throughput(
     max_requests: int,
 ) -> Throughput:
     """`clients` concurrent loops posting the same body until the time or request bound."""
-    return asyncio.run(_throughput(base_url, cpu, path, body, clients, seconds, max_requests))
+    try:
+        return asyncio.run(_throughput(base_url, cpu, path, body, clients, seconds, max_requests))
+    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+        raise Failure(Outcome(ERROR, f"render: {type(exc).__name__} {exc}"[:200])) from exc
 
 
 async def _throughput(
@@ -114,30 +122,32 @@ async def _throughput(
     seconds: float,
     max_requests: int,
 ) -> Throughput:
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    request = loadgen.post_request(base_url, path, body)
+    connections = [await loadgen.Connection.open(base_url) for _ in range(clients)]
     done = 0
     failure: Outcome | None = None
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120.0) as client:
-        # One request per connection first, so connection setup is not timed.
-        await asyncio.gather(
-            *(client.post(path, content=body, headers=JSON) for _ in range(clients))
-        )
+    try:
+        # One request per connection first, so connection setup and warm-up are not timed.
+        await asyncio.gather(*(conn.send(request) for conn in connections))
         deadline = time.perf_counter() + seconds
 
-        async def loop() -> None:
+        async def loop(conn: loadgen.Connection) -> None:
             nonlocal done, failure
             while time.perf_counter() < deadline and done < max_requests and failure is None:
-                response = await client.post(path, content=body, headers=JSON)
-                if response.status_code != 200:
-                    failure = outcome_of(response, "render")
+                status, answer = await conn.send(request)
+                if status != 200:
+                    failure = _outcome(status, answer.decode(errors="replace"), "render")
                     return
                 done += 1
 
         cpu0, own0 = cpu(), time.process_time()
         t0 = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(clients)))
+        await asyncio.gather(*(loop(conn) for conn in connections))
         elapsed = time.perf_counter() - t0
         used, own = cpu() - cpu0, time.process_time() - own0
+    finally:
+        for conn in connections:
+            await conn.close()
     if failure is not None:
         raise Failure(failure)
     return Throughput(done, elapsed, used, own)

@@ -7,6 +7,8 @@ vLLM for throughput.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TypeVar
@@ -137,25 +139,23 @@ def _noise_section(results: Results) -> list[str]:
     out = ["## How noisy", ""]
     rows = []
     for row in results.latency_noise:
-        if row.outcome.ok and row.medians_ms:
-            runs = ", ".join(f"{m:.2f}" for m in row.medians_ms)
-            rows.append([row.system, row.label, runs, f"{row.spread_pct:.1f} %"])
+        if row.outcome.ok and row.values:
+            runs = ", ".join(f"{v:.3g}" for v in row.values)
+            rows.append([row.system, row.label, f"{runs} {row.unit}", f"{row.spread_pct:.1f} %"])
         else:
             rows.append([row.system, row.label, row.outcome.status, "–"])
-    out += _table(
-        ["system", "workload", "median of each repeat (ms)", "spread (max−min)/median"], rows
-    )
-    measured = [r for r in results.latency_noise if r.outcome.ok and len(r.medians_ms) > 1]
+    out += _table(["system", "workload", "each repeat", "spread (max−min)/median"], rows)
+    measured = [r for r in results.latency_noise if r.outcome.ok and len(r.values) > 1]
     if measured:
         worst = max(r.spread_pct for r in measured)
-        repeats = max(len(r.medians_ms) for r in measured)
+        repeats = max(len(r.values) for r in measured)
         out += [
             "",
-            f"The same workload, repeated {repeats} times and alternating between the systems, "
-            f"gave medians up to {worst:.1f} % apart: differences smaller than that are noise. "
+            f"Each workload was repeated {repeats} times, alternating between the systems; the "
+            f"repeats were up to {worst:.0f} % apart, so ratios within that of 1× are noise. "
             f"Load average (1/5/15 min) at start {results.meta.load_average.get('start', '?')}, "
-            f"at end {results.meta.load_average.get('end', '?')}; anything else running on the "
-            "machine widens the spread.",
+            f"at end {results.meta.load_average.get('end', '?')}: other work on the machine "
+            "widens the spread. CPU time is read in 10 ms ticks.",
         ]
     return [*out, ""]
 
@@ -234,8 +234,9 @@ def _throughput_section(results: Results, notes: _Notes) -> list[str]:
         "## Render throughput (concurrent clients, chat prompt of "
         f"{', '.join(map(str, sorted(tokens)))} tokens)",
         "",
-        "The load generator is one Python process (httpx, asyncio) on the same cores; its own "
-        "CPU per request is listed so a client-bound row can be recognised.",
+        "The load generator is one Python process (asyncio, one raw keep-alive HTTP/1.1 "
+        "connection per client) on the same cores; its own CPU per request is listed so a "
+        "client-bound row can be recognised.",
         "",
         *_table(header, rows),
         "",
@@ -276,6 +277,11 @@ def _stream_section(results: Results, notes: _Notes) -> list[str]:
         "ratio (CPU, lean)",
         "same message as vLLM (ours / lean)",
     ]
+    slopes = [
+        f"- {system}: server CPU grows as n^{exponent:.2f} from n={lo} to n={hi}"
+        for system in (PEER, OURS, OURS_LEAN)
+        for lo, hi, exponent in growth_exponents(results.stream_derender, system)
+    ]
     finals = [
         f"- {r.system}, n={r.n}: {r.final_summary}"
         for r in results.stream_derender
@@ -294,11 +300,25 @@ def _stream_section(results: Results, notes: _Notes) -> list[str]:
         "",
         *_table(header, rows),
         "",
+        "Measured growth (log-log slope between consecutive finished runs; 1 is linear):",
+        "",
+        *(slopes or ["- (fewer than two finished runs per system)"]),
+        "",
         "What each finished stream said (accumulated by the client):",
         "",
         *(finals or ["- (no finished stream)"]),
         "",
     ]
+
+
+def growth_exponents(rows: list[StreamRow], system: str) -> list[tuple[int, int, float]]:
+    """(n_lo, n_hi, slope of log CPU over log n) for consecutive finished runs of `system`."""
+    points = sorted((r.n, r.server_cpu_s) for r in rows if r.system == system and r.outcome.ok)
+    out = []
+    for (n0, c0), (n1, c1) in itertools.pairwise(points):
+        if c0 > 0 and c1 > 0 and n1 > n0:
+            out.append((n0, n1, math.log(c1 / c0) / math.log(n1 / n0)))
+    return out
 
 
 def _same(*rows: StreamRow | None) -> str:
@@ -385,84 +405,95 @@ def _bytes_section(results: Results, notes: _Notes) -> list[str]:
     ]
 
 
+Series = dict[str, list[tuple[float, float]]]
+
+
 def draw_plots(results: Results, out_dir: Path, stem: str) -> list[Path]:
+    """Three PNGs: stream CPU vs n (log-log), latency vs prompt length, throughput vs clients."""
+    stream: Series = {}
+    for r in results.stream_derender:
+        if r.outcome.ok:
+            stream.setdefault(r.system, []).append((r.n, r.server_cpu_s))
+    latency: Series = {}
+    for r in results.render_latency:
+        if r.outcome.ok:
+            key = f"{r.system}{' + tools' if r.tools else ''}"
+            latency.setdefault(key, []).append((r.prompt_tokens, r.median_ms))
+    rate: Series = {}
+    for r in results.throughput:
+        if r.outcome.ok:
+            rate.setdefault(r.system, []).append((r.concurrency, r.requests_per_s))
+    return [
+        _plot(
+            out_dir / f"{stem}-stream-cpu.png",
+            "Streaming derender: server CPU per stream",
+            ("one-token chunks (n)", "server CPU (s)"),
+            stream,
+            sorted({r.n for r in results.stream_derender}),
+            log_y=True,
+        ),
+        _plot(
+            out_dir / f"{stem}-render-latency.png",
+            "Chat render latency vs prompt length",
+            ("prompt tokens", "median latency (ms)"),
+            latency,
+            sorted({r.prompt_tokens for r in results.render_latency if not r.tools}),
+            log_y=True,
+        ),
+        _plot(
+            out_dir / f"{stem}-render-throughput.png",
+            "Chat render throughput (~1k-token prompt)",
+            ("concurrent clients", "requests / s"),
+            rate,
+            sorted({r.concurrency for r in results.throughput}),
+            log_y=False,
+        ),
+    ]
+
+
+def _plot(
+    path: Path,
+    title: str,
+    labels: tuple[str, str],
+    series: Series,
+    xticks: list[int],
+    log_y: bool,
+) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    paths = []
-    systems = (PEER, OURS, OURS_LEAN)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for system in systems:
-        pts = [
-            (r.n, r.server_cpu_s)
-            for r in results.stream_derender
-            if r.system == system and r.outcome.ok
-        ]
-        if pts:
-            ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=system)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="one-token chunks (n)",
-        ylabel="server CPU (s)",
-        title="Streaming derender: server CPU per stream",
-    )
-    paths.append(_save(fig, ax, out_dir / f"{stem}-stream-cpu.png"))
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for system in (PEER, OURS):
-        for tools in (False, True):
-            pts = [
-                (r.prompt_tokens, r.median_ms)
-                for r in results.render_latency
-                if r.system == system and r.tools == tools and r.outcome.ok
-            ]
-            if pts:
-                ax.plot(
-                    *zip(*sorted(pts), strict=True),
-                    marker="o",
-                    label=f"{system}{' + tools' if tools else ''}",
-                )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="prompt tokens",
-        ylabel="median latency (ms)",
-        title="Chat render latency vs prompt length",
-    )
-    paths.append(_save(fig, ax, out_dir / f"{stem}-render-latency.png"))
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for system in (PEER, OURS):
-        pts = [
-            (r.concurrency, r.requests_per_s)
-            for r in results.throughput
-            if r.system == system and r.outcome.ok
-        ]
-        if pts:
-            ax.plot(*zip(*sorted(pts), strict=True), marker="o", label=system)
-    ax.set(
-        xscale="log",
-        xlabel="concurrent clients",
-        ylabel="requests / s",
-        title="Chat render throughput",
-    )
-    paths.append(_save(fig, ax, out_dir / f"{stem}-render-throughput.png"))
-    return paths
-
-
-def _save(fig: object, ax: object, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    if ax.get_legend_handles_labels()[0]:  # type: ignore[attr-defined]
-        ax.legend()  # type: ignore[attr-defined]
+    for label, points in series.items():
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot(xs, ys, marker="o", label=label)
+    ax.set(xscale="log", yscale="log" if log_y else "linear", title=title)
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    if xticks:
+        ax.set_xticks(xticks, labels=[f"{x:g}" for x in xticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    if log_y:
+        # Plain numbers (50, not 5x10^1), and only the 2x/5x minor ticks get a label.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(_minor_label))
+    if series:
+        ax.legend()
     else:
-        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)  # type: ignore[attr-defined]
-    ax.grid(True, which="both", alpha=0.3)  # type: ignore[attr-defined]
-    fig.tight_layout()  # type: ignore[attr-defined]
-    fig.savefig(path, dpi=100)  # type: ignore[attr-defined]
-    plt.close(fig)  # type: ignore[arg-type]
+        ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
     return path
+
+
+def _minor_label(value: float, _pos: int) -> str:
+    if value <= 0:
+        return ""
+    mantissa = value / 10 ** math.floor(math.log10(value))
+    return (
+        f"{value:g}" if round(mantissa) in (2, 5) and abs(mantissa - round(mantissa)) < 1e-6 else ""
+    )

@@ -53,17 +53,20 @@ class LatencyRow(msgspec.Struct):
 
 
 class NoiseRow(msgspec.Struct):
+    """One workload repeated a few times (alternating systems); one value per repeat."""
+
     system: str
     label: str
+    unit: str
     outcome: Outcome
-    medians_ms: list[float] = []
+    values: list[float] = []
 
     @property
     def spread_pct(self) -> float:
-        """(max - min) of the repeated medians relative to their median."""
-        if not self.medians_ms:
+        """(max - min) of the repeats relative to their median."""
+        if not self.values:
             return 0.0
-        ordered = sorted(self.medians_ms)
+        ordered = sorted(self.values)
         mid = ordered[len(ordered) // 2]
         return 100.0 * (ordered[-1] - ordered[0]) / mid if mid else 0.0
 
