@@ -97,7 +97,8 @@ class Tokenizer:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import AutoTokenizer
 
-        self._tok = AutoTokenizer.from_pretrained(str(model_dir))
+        # Typed loosely: transformers' stubs do not describe return_dict results.
+        self._tok: Any = AutoTokenizer.from_pretrained(str(model_dir))
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))

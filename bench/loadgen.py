@@ -43,7 +43,7 @@ class Connection:
         return status, body
 
     async def _read_chunked(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int((await self._reader.readline()).split(b";")[0], 16)
             if size == 0:

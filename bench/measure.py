@@ -66,6 +66,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[rank - 1]
 
 
+class Rendered(msgspec.Struct):
+    """The one field of a render response the bench reads."""
+
+    token_ids: list[int]
+
+
 class Timing(msgspec.Struct):
     samples_ms: list[float]
     server_cpu_s: float
@@ -320,4 +326,4 @@ def predicted_stream_s(history: list[tuple[int, float]], n: int) -> float | None
         (n0, s0) = history[-2]
         if s0 > 0 and s1 > 0 and n1 != n0:
             exponent = max(1.0, math.log(s1 / s0) / math.log(n1 / n0))
-    return s1 * (n / n1) ** exponent
+    return float(s1 * (n / n1) ** exponent)

@@ -11,12 +11,13 @@ import itertools
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from bench.results import (
     OURS,
     OURS_LEAN,
     PEER,
+    LatencyRow,
     Outcome,
     Results,
     StreamRow,
@@ -24,6 +25,14 @@ from bench.results import (
 )
 
 Row = TypeVar("Row")
+
+
+class _HasOutcome(Protocol):
+    @property
+    def outcome(self) -> Outcome: ...
+
+
+R = TypeVar("R", bound=_HasOutcome)
 
 
 def write(results: Results, out_dir: Path, stem: str) -> list[Path]:
@@ -66,8 +75,8 @@ def _find(rows: Iterable[Row], **match: object) -> Row | None:
     return None
 
 
-def _ok_value(row: object | None, field: str) -> float | None:
-    if row is None or not row.outcome.ok:  # type: ignore[attr-defined]
+def _ok_value(row: _HasOutcome | None, field: str) -> float | None:
+    if row is None or not row.outcome.ok:
         return None
     return float(getattr(row, field))
 
@@ -84,18 +93,17 @@ class _Notes:
     def __init__(self) -> None:
         self.items: list[str] = []
 
-    def cell(self, system: str, row: object | None, text: Callable[[], str]) -> str:
+    def cell(self, system: str, row: R | None, text: Callable[[R], str]) -> str:
         if row is None:
             return "not measured"
-        outcome: Outcome = row.outcome  # type: ignore[attr-defined]
-        if outcome.ok:
-            return text()
-        if outcome.note:
-            item = f"{system}: {outcome.status}: {outcome.note}"
+        if row.outcome.ok:
+            return text(row)
+        if row.outcome.note:
+            item = f"{system}: {row.outcome.status}: {row.outcome.note}"
             if item not in self.items:
                 self.items.append(item)
-            return f"{outcome.status} [{self.items.index(item) + 1}]"
-        return outcome.status
+            return f"{row.outcome.status} [{self.items.index(item) + 1}]"
+        return row.outcome.status
 
     def lines(self) -> list[str]:
         return [f"[{i}] {text}  " for i, text in enumerate(self.items, 1)]
@@ -174,11 +182,12 @@ def _latency_section(results: Results, notes: _Notes) -> list[str]:
             [
                 f"{label}{' + tools' if tools else ''}",
                 str(tokens),
-                notes.cell(PEER, peer, lambda r=peer: f"{r.median_ms:.2f} / {r.p99_ms:.2f}"),
-                notes.cell(OURS, ours, lambda r=ours: f"{r.median_ms:.2f} / {r.p99_ms:.2f}"),
+                notes.cell(PEER, peer, lambda r: f"{r.median_ms:.2f} / {r.p99_ms:.2f}"),
+                notes.cell(OURS, ours, lambda r: f"{r.median_ms:.2f} / {r.p99_ms:.2f}"),
                 _ratio(True, _ok_value(peer, "median_ms"), _ok_value(ours, "median_ms")),
-                notes.cell(PEER, peer, lambda r=peer: f"{r.server_cpu_ms_per_request:.2f}"),
-                notes.cell(OURS, ours, lambda r=ours: f"{r.server_cpu_ms_per_request:.2f}"),
+                notes.cell(PEER, peer, lambda r: f"{r.server_cpu_ms_per_request:.2f}"),
+                notes.cell(OURS, ours, lambda r: f"{r.server_cpu_ms_per_request:.2f}"),
+                _flags(peer, ours),
             ]
         )
     reps = {r.requests for r in results.render_latency if r.outcome.ok}
@@ -190,6 +199,7 @@ def _latency_section(results: Results, notes: _Notes) -> list[str]:
         "ratio (median)",
         f"{PEER} server CPU ms/req",
         f"{OURS} server CPU ms/req",
+        "ids = HF template (vLLM / ours)",
     ]
     return [
         "## Render latency (POST /v1/chat/completions/render, one client)",
@@ -210,13 +220,13 @@ def _throughput_section(results: Results, notes: _Notes) -> list[str]:
         rows.append(
             [
                 str(clients),
-                notes.cell(PEER, peer, lambda r=peer: f"{r.requests_per_s:.1f}"),
-                notes.cell(OURS, ours, lambda r=ours: f"{r.requests_per_s:.1f}"),
+                notes.cell(PEER, peer, lambda r: f"{r.requests_per_s:.1f}"),
+                notes.cell(OURS, ours, lambda r: f"{r.requests_per_s:.1f}"),
                 _ratio(False, _ok_value(peer, "requests_per_s"), _ok_value(ours, "requests_per_s")),
-                notes.cell(PEER, peer, lambda r=peer: _per_req(r.server_cpu_s, r.requests)),
-                notes.cell(OURS, ours, lambda r=ours: _per_req(r.server_cpu_s, r.requests)),
-                notes.cell(PEER, peer, lambda r=peer: _per_req(r.client_cpu_s, r.requests)),
-                notes.cell(OURS, ours, lambda r=ours: _per_req(r.client_cpu_s, r.requests)),
+                notes.cell(PEER, peer, lambda r: _per_req(r.server_cpu_s, r.requests)),
+                notes.cell(OURS, ours, lambda r: _per_req(r.server_cpu_s, r.requests)),
+                notes.cell(PEER, peer, lambda r: _per_req(r.client_cpu_s, r.requests)),
+                notes.cell(OURS, ours, lambda r: _per_req(r.client_cpu_s, r.requests)),
             ]
         )
     tokens = {r.prompt_tokens for r in results.throughput}
@@ -254,16 +264,13 @@ def _stream_section(results: Results, notes: _Notes) -> list[str]:
         ours = _find(results.stream_derender, system=OURS, n=n)
         lean = _find(results.stream_derender, system=OURS_LEAN, n=n)
 
-        def show(row: StreamRow | None, system: str) -> str:
-            return notes.cell(system, row, lambda: f"{row.server_cpu_s:.3f} / {row.wall_s:.2f}")  # type: ignore[union-attr]
-
         rows.append(
             [
                 str(n),
-                show(peer, PEER),
-                show(ours, OURS),
+                _stream_cell(notes, PEER, peer),
+                _stream_cell(notes, OURS, ours),
                 _ratio(True, _ok_value(peer, "server_cpu_s"), _ok_value(ours, "server_cpu_s")),
-                show(lean, OURS_LEAN),
+                _stream_cell(notes, OURS_LEAN, lean),
                 _ratio(True, _ok_value(peer, "server_cpu_s"), _ok_value(lean, "server_cpu_s")),
                 _same(ours, lean),
             ]
@@ -311,6 +318,10 @@ def _stream_section(results: Results, notes: _Notes) -> list[str]:
     ]
 
 
+def _stream_cell(notes: _Notes, system: str, row: StreamRow | None) -> str:
+    return notes.cell(system, row, lambda r: f"{r.server_cpu_s:.3f} / {r.wall_s:.2f}")
+
+
 def growth_exponents(rows: list[StreamRow], system: str) -> list[tuple[int, int, float]]:
     """(n_lo, n_hi, slope of log CPU over log n) for consecutive finished runs of `system`."""
     points = sorted((r.n, r.server_cpu_s) for r in rows if r.system == system and r.outcome.ok)
@@ -319,6 +330,16 @@ def growth_exponents(rows: list[StreamRow], system: str) -> list[tuple[int, int,
         if c0 > 0 and c1 > 0 and n1 > n0:
             out.append((n0, n1, math.log(c1 / c0) / math.log(n1 / n0)))
     return out
+
+
+def _flags(*rows: LatencyRow | None) -> str:
+    marks = []
+    for row in rows:
+        if row is None or row.same_ids_as_hf_template is None:
+            marks.append("–")
+        else:
+            marks.append("yes" if row.same_ids_as_hf_template else "NO")
+    return " / ".join(marks)
 
 
 def _same(*rows: StreamRow | None) -> str:
@@ -339,11 +360,11 @@ def _batch_section(results: Results, notes: _Notes) -> list[str]:
         rows.append(
             [
                 str(n),
-                notes.cell(PEER, peer, lambda r=peer: f"{r.median_ms:.2f}"),
-                notes.cell(OURS, ours, lambda r=ours: f"{r.median_ms:.2f}"),
+                notes.cell(PEER, peer, lambda r: f"{r.median_ms:.2f}"),
+                notes.cell(OURS, ours, lambda r: f"{r.median_ms:.2f}"),
                 _ratio(True, _ok_value(peer, "median_ms"), _ok_value(ours, "median_ms")),
-                notes.cell(PEER, peer, lambda r=peer: f"{r.server_cpu_ms_per_request:.2f}"),
-                notes.cell(OURS, ours, lambda r=ours: f"{r.server_cpu_ms_per_request:.2f}"),
+                notes.cell(PEER, peer, lambda r: f"{r.server_cpu_ms_per_request:.2f}"),
+                notes.cell(OURS, ours, lambda r: f"{r.server_cpu_ms_per_request:.2f}"),
             ]
         )
     header = [
@@ -373,11 +394,11 @@ def _bytes_section(results: Results, notes: _Notes) -> list[str]:
                 notes.cell(
                     system,
                     item,
-                    lambda r=item: f"{r.request_bytes_mean:.0f} / {r.request_bytes_last}",
+                    lambda r: f"{r.request_bytes_mean:.0f} / {r.request_bytes_last}",
                 )
             )
         for system, item in group.items():
-            row.append(notes.cell(system, item, lambda r=item: f"{r.response_bytes_mean:.0f}"))
+            row.append(notes.cell(system, item, lambda r: f"{r.response_bytes_mean:.0f}"))
         peer_mean = _ok_value(group[PEER], "request_bytes_mean")
         row.append(_ratio(True, peer_mean, _ok_value(group[OURS], "request_bytes_mean")))
         row.append(_ratio(True, peer_mean, _ok_value(group[OURS_LEAN], "request_bytes_mean")))
@@ -411,18 +432,18 @@ Series = dict[str, list[tuple[float, float]]]
 def draw_plots(results: Results, out_dir: Path, stem: str) -> list[Path]:
     """Three PNGs: stream CPU vs n (log-log), latency vs prompt length, throughput vs clients."""
     stream: Series = {}
-    for r in results.stream_derender:
-        if r.outcome.ok:
-            stream.setdefault(r.system, []).append((r.n, r.server_cpu_s))
+    for s in results.stream_derender:
+        if s.outcome.ok:
+            stream.setdefault(s.system, []).append((s.n, s.server_cpu_s))
     latency: Series = {}
-    for r in results.render_latency:
-        if r.outcome.ok:
-            key = f"{r.system}{' + tools' if r.tools else ''}"
-            latency.setdefault(key, []).append((r.prompt_tokens, r.median_ms))
+    for lat in results.render_latency:
+        if lat.outcome.ok:
+            key = f"{lat.system}{' + tools' if lat.tools else ''}"
+            latency.setdefault(key, []).append((lat.prompt_tokens, lat.median_ms))
     rate: Series = {}
-    for r in results.throughput:
-        if r.outcome.ok:
-            rate.setdefault(r.system, []).append((r.concurrency, r.requests_per_s))
+    for t in results.throughput:
+        if t.outcome.ok:
+            rate.setdefault(t.system, []).append((t.concurrency, t.requests_per_s))
     return [
         _plot(
             out_dir / f"{stem}-stream-cpu.png",

@@ -50,6 +50,7 @@ class LatencyRow(msgspec.Struct):
     median_ms: float = 0.0
     p99_ms: float = 0.0
     server_cpu_ms_per_request: float = 0.0
+    same_ids_as_hf_template: bool | None = None
 
 
 class NoiseRow(msgspec.Struct):

@@ -27,7 +27,6 @@ from bench.results import (
     StreamRow,
     ThroughputRow,
     decode,
-    encode,
 )
 
 LEAN_MISSING = Outcome(NOT_IMPLEMENTED, "lean body rejected: call 2: HTTP 400 synthetic")
