@@ -146,7 +146,8 @@ def render_markdown(results: Results, raw_name: str, plot_names: list[str]) -> s
 def _noise_section(results: Results) -> list[str]:
     out = ["## How noisy", ""]
     rows = []
-    for row in results.latency_noise:
+    order = (PEER, OURS, OURS_LEAN)
+    for row in sorted(results.latency_noise, key=lambda r: order.index(r.system)):
         if row.outcome.ok and row.values:
             runs = ", ".join(f"{v:.3g}" for v in row.values)
             rows.append([row.system, row.label, f"{runs} {row.unit}", f"{row.spread_pct:.1f} %"])
@@ -159,8 +160,9 @@ def _noise_section(results: Results) -> list[str]:
         repeats = max(len(r.values) for r in measured)
         out += [
             "",
-            f"Each workload was repeated {repeats} times, alternating between the systems; the "
-            f"repeats were up to {worst:.0f} % apart, so ratios within that of 1× are noise. "
+            f"Each workload was repeated {repeats} times, alternating between the running "
+            f"systems; the repeats were up to {worst:.0f} % apart, so ratios within that of 1× "
+            "are noise. "
             f"Load average (1/5/15 min) at start {results.meta.load_average.get('start', '?')}, "
             f"at end {results.meta.load_average.get('end', '?')}: other work on the machine "
             "widens the spread. CPU time is read in 10 ms ticks.",
