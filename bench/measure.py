@@ -293,7 +293,10 @@ def stream_derender(
                 "stream_state": state,
             }
         )
-        response = client.post(CHAT_DERENDER, content=body, headers=JSON)
+        try:
+            response = client.post(CHAT_DERENDER, content=body, headers=JSON)
+        except httpx.HTTPError as exc:
+            return StreamRun(Outcome(ERROR, f"call {i + 1}: {type(exc).__name__} {exc}"[:200]), i)
         if response.status_code != 200:
             outcome = outcome_of(response, f"call {i + 1}")
             if lean and i > 0:
