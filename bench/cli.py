@@ -32,7 +32,7 @@ from bench.results import (
     decode,
 )
 from bench.runner import Runner
-from bench.servers import Server, ServerDown, free_port
+from bench.servers import Server, ServerDown, free_port, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO.parent / "shared" / "models" / "qwen3"
@@ -55,14 +55,6 @@ def _machine() -> str:
     except OSError:
         pass
     return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, {platform.system()}"
-
-
-def _loadavg() -> str:
-    """1, 5 and 15 minute load averages: other work on the machine shows up here."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -111,7 +103,7 @@ def compare(args: argparse.Namespace) -> int:
             settings={k: str(v) for k, v in msgspec.structs.asdict(plan).items()},
         )
     )
-    results.meta.load_average["start"] = _loadavg()
+    results.meta.load_average["start"] = load_average()
     runner = Runner(results, plan, data, say)
     servers: dict[str, Server] = {}
     previous = signal.signal(signal.SIGTERM, _terminate)
@@ -152,7 +144,7 @@ def compare(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
     results.meta.finished_utc = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    results.meta.load_average["end"] = _loadavg()
+    results.meta.load_average["end"] = load_average()
     name = args.name or ("quick" if args.quick else "full")
     written = report.write(results, out_dir, f"{started:%Y-%m-%d}-{name}")
     for path in written:

@@ -17,6 +17,7 @@ from bench.results import (
     OURS,
     OURS_LEAN,
     PEER,
+    SKIPPED,
     LatencyRow,
     Outcome,
     Results,
@@ -140,6 +141,10 @@ def render_markdown(results: Results, raw_name: str, plot_names: list[str]) -> s
     out += [f"- {system}: `{command}`" for system, command in meta.commands.items()]
     out += [f"- {system}: {note}" for system, note in meta.system_notes.items()]
     out += ["- plan: " + ", ".join(f"{k}={v}" for k, v in meta.settings.items())]
+    out += [
+        "- load average (1/5/15 min) "
+        + ", ".join(f"{when}: {value}" for when, value in meta.load_average.items())
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -164,8 +169,9 @@ def _noise_section(results: Results) -> list[str]:
             f"systems; the repeats were up to {worst:.0f} % apart, so ratios within that of 1× "
             "are noise. "
             f"Load average (1/5/15 min) at start {results.meta.load_average.get('start', '?')}, "
-            f"at end {results.meta.load_average.get('end', '?')}: other work on the machine "
-            "widens the spread. CPU time is read in 10 ms ticks.",
+            f"at end {results.meta.load_average.get('end', '?')} (per workload under Setup): "
+            "other work on the machine widens the spread and slows wall times more than server "
+            "CPU times. CPU time is read in 10 ms ticks.",
         ]
     return [*out, ""]
 
@@ -321,7 +327,11 @@ def _stream_section(results: Results, notes: _Notes) -> list[str]:
 
 
 def _stream_cell(notes: _Notes, system: str, row: StreamRow | None) -> str:
-    return notes.cell(system, row, lambda r: f"{r.server_cpu_s:.3f} / {r.wall_s:.2f}")
+    text = notes.cell(system, row, lambda r: f"{r.server_cpu_s:.3f} / {r.wall_s:.2f}")
+    if row is not None and row.outcome.status == SKIPPED and row.calls:
+        # A stream cut at the budget still tells how far it got and what that cost.
+        text += f": {row.server_cpu_s:.1f} / {row.wall_s:.0f} for the first {row.calls} calls"
+    return text
 
 
 def growth_exponents(rows: list[StreamRow], system: str) -> list[tuple[int, int, float]]:
@@ -437,6 +447,8 @@ def draw_plots(results: Results, out_dir: Path, stem: str) -> list[Path]:
     for s in results.stream_derender:
         if s.outcome.ok:
             stream.setdefault(s.system, []).append((s.n, s.server_cpu_s))
+        elif s.outcome.status == SKIPPED and s.calls:
+            stream.setdefault(f"{s.system} (cut at budget)", []).append((s.calls, s.server_cpu_s))
     latency: Series = {}
     for lat in results.render_latency:
         if lat.outcome.ok:
@@ -491,7 +503,8 @@ def _plot(
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for label, points in series.items():
         xs, ys = zip(*sorted(points), strict=True)
-        ax.plot(xs, ys, marker="o", label=label)
+        cut = label.endswith("(cut at budget)")
+        ax.plot(xs, ys, marker="x" if cut else "o", linestyle="none" if cut else "-", label=label)
     ax.set(xscale="log", yscale="log" if log_y else "linear", title=title)
     ax.set_xlabel(labels[0])
     ax.set_ylabel(labels[1])

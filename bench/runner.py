@@ -27,7 +27,7 @@ from bench.results import (
     StreamRow,
     ThroughputRow,
 )
-from bench.servers import Server
+from bench.servers import Server, load_average
 
 
 class Runner:
@@ -255,15 +255,24 @@ class Runner:
                 self.say(f"{row_name}: {what}: {_show(row.outcome, done)}")
 
     def all(self, name: str, server: Server) -> None:
+        self._load(name, "render latency")
         self.latency(name, server)
+        self._load(name, "throughput")
         self.throughput(name, server)
+        self._load(name, "streaming derender")
         self.streams(name, server, lean=False)
         if name == OURS:
             self.streams(name, server, lean=True)
+        self._load(name, "batch derender")
         self.batches(name, server)
+        self._load(name, "bytes per call")
         self.bytes_per_chunk(name, server, lean=False)
         if name == OURS:
             self.bytes_per_chunk(name, server, lean=True)
+
+    def _load(self, name: str, workload: str) -> None:
+        """Load average when a workload starts: wall-time numbers suffer when it is high."""
+        self.results.meta.load_average[f"{name}, {workload}"] = load_average()
 
     def unavailable(self, name: str, outcome: Outcome) -> None:
         """Rows for a system that could not be started, so the report still lists them."""

@@ -91,6 +91,14 @@ class Server:
         self._log.close()
 
 
+def load_average() -> str:
+    """1, 5 and 15 minute load averages: other work on the machine shows up here."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

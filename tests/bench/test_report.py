@@ -31,6 +31,7 @@ from bench.results import (
 
 LEAN_MISSING = Outcome(NOT_IMPLEMENTED, "lean body rejected: call 2: HTTP 400 synthetic")
 TOO_SLOW = Outcome(SKIPPED, "not run: synthetic budget")
+CUT = Outcome(SKIPPED, "cut at the synthetic budget")
 
 
 def synthetic() -> Results:
@@ -67,7 +68,8 @@ def synthetic() -> Results:
         stream_derender=[
             StreamRow(PEER, 256, Outcome(), 256, 3.0, 2.0, None, "peer summary 256"),
             StreamRow(PEER, 1024, Outcome(), 1024, 40.0, 2.0 * 4**3, None, "peer summary 1024"),
-            StreamRow(PEER, 4096, TOO_SLOW),
+            StreamRow(PEER, 4096, CUT, 3000, 600.0, 450.0),
+            StreamRow(PEER, 16384, TOO_SLOW),
             StreamRow(OURS, 256, Outcome(), 256, 0.5, 0.25, True, "ours summary 256"),
             StreamRow(OURS, 1024, Outcome(), 1024, 2.0, 1.0, False, "ours summary 1024"),
             StreamRow(OURS, 4096, Outcome(), 4096, 8.0, 4.0, None, "ours summary 4096"),
@@ -142,9 +144,12 @@ def test_unimplemented_and_skipped_rows_stay_visible() -> None:
     assert cells[4] == "–"
     assert "HTTP 404 synthetic" in text
     assert "lean body rejected" in text
-    stream = _row_of(text, "4096", "## Streaming derender")
+    stream = _row_of(text, "16384", "## Streaming derender")
     assert stream[1].startswith(SKIPPED)
     assert "synthetic budget" in text
+    cut = _row_of(text, "4096", "## Streaming derender")
+    assert cut[1].startswith(SKIPPED)
+    assert "450.0 / 600 for the first 3000 calls" in cut[1]
     for summary in ("peer summary 1024", "ours summary 4096"):
         assert summary in text
 
