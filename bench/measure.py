@@ -81,15 +81,33 @@ class Timing(msgspec.Struct):
         return statistics.median(self.samples_ms)
 
 
+# Each call gives the next request body (a fresh one, or always the same).
+Bodies = Callable[[], bytes]
+
+
+def same_body(body: bytes) -> Bodies:
+    return lambda: body
+
+
 def time_requests(
-    client: httpx.Client, cpu: CpuReader, path: str, body: bytes, reps: int, warmup: int, what: str
+    client: httpx.Client,
+    cpu: CpuReader,
+    path: str,
+    bodies: Bodies,
+    reps: int,
+    warmup: int,
+    what: str,
 ) -> Timing:
-    """Sequential requests from one client; wall time per request and server CPU for all."""
-    for _ in range(warmup):
+    """Sequential requests from one client; wall time per request and server CPU for all.
+
+    The bodies are built before the clock starts.
+    """
+    prepared = [bodies() for _ in range(warmup + reps)]
+    for body in prepared[:warmup]:
         post(client, path, body, what)
     samples = []
     cpu0 = cpu()
-    for _ in range(reps):
+    for body in prepared[warmup:]:
         t0 = time.perf_counter()
         post(client, path, body, what)
         samples.append((time.perf_counter() - t0) * 1000.0)
@@ -107,14 +125,14 @@ def throughput(
     base_url: str,
     cpu: CpuReader,
     path: str,
-    body: bytes,
+    bodies: Bodies,
     clients: int,
     seconds: float,
     max_requests: int,
 ) -> Throughput:
     """`clients` concurrent loops posting the same body until the time or request bound."""
     try:
-        return asyncio.run(_throughput(base_url, cpu, path, body, clients, seconds, max_requests))
+        return asyncio.run(_throughput(base_url, cpu, path, bodies, clients, seconds, max_requests))
     except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
         raise Failure(Outcome(ERROR, f"render: {type(exc).__name__} {exc}"[:200])) from exc
 
@@ -123,24 +141,27 @@ async def _throughput(
     base_url: str,
     cpu: CpuReader,
     path: str,
-    body: bytes,
+    bodies: Bodies,
     clients: int,
     seconds: float,
     max_requests: int,
 ) -> Throughput:
-    request = loadgen.post_request(base_url, path, body)
     connections = [await loadgen.Connection.open(base_url) for _ in range(clients)]
     done = 0
     failure: Outcome | None = None
+
+    def next_request() -> bytes:
+        return loadgen.post_request(base_url, path, bodies())
+
     try:
         # One request per connection first, so connection setup and warm-up are not timed.
-        await asyncio.gather(*(conn.send(request) for conn in connections))
+        await asyncio.gather(*(conn.send(next_request()) for conn in connections))
         deadline = time.perf_counter() + seconds
 
         async def loop(conn: loadgen.Connection) -> None:
             nonlocal done, failure
             while time.perf_counter() < deadline and done < max_requests and failure is None:
-                status, answer = await conn.send(request)
+                status, answer = await conn.send(next_request())
                 if status != 200:
                     failure = _outcome(status, answer.decode(errors="replace"), "render")
                     return
@@ -257,6 +278,7 @@ class StreamRun(msgspec.Struct):
     request_bytes: list[int] = []
     response_bytes: list[int] = []
     final: FinalMessage | None = None
+    call_s: list[float] = []
 
 
 def stream_derender(
@@ -280,6 +302,7 @@ def stream_derender(
     final = FinalMessage()
     sent: list[int] = []
     received: list[int] = []
+    call_s: list[float] = []
     cpu0 = cpu()
     t0 = time.perf_counter()
     for i, token in enumerate(ids):
@@ -293,6 +316,7 @@ def stream_derender(
                 "stream_state": state,
             }
         )
+        started = time.perf_counter()
         try:
             response = client.post(CHAT_DERENDER, content=body, headers=JSON)
         except httpx.HTTPError as exc:
@@ -302,6 +326,7 @@ def stream_derender(
             if lean and i > 0:
                 outcome = Outcome(NOT_IMPLEMENTED, f"lean body rejected: {outcome.note}")
             return StreamRun(outcome, calls=i)
+        call_s.append(time.perf_counter() - started)
         sent.append(len(body))
         received.append(len(response.content))
         decoded = msgspec.json.decode(response.content, type=StreamResponse)
@@ -311,22 +336,31 @@ def stream_derender(
             wall = time.perf_counter() - t0
             note = f"cut at the {budget_s:.0f} s budget after {i + 1} of {len(ids)} calls"
             return StreamRun(
-                Outcome(SKIPPED, note), i + 1, wall, cpu() - cpu0, sent, received, None
+                Outcome(SKIPPED, note), i + 1, wall, cpu() - cpu0, sent, received, None, call_s
             )
     wall = time.perf_counter() - t0
-    return StreamRun(Outcome(), len(ids), wall, cpu() - cpu0, sent, received, final)
+    return StreamRun(Outcome(), len(ids), wall, cpu() - cpu0, sent, received, final, call_s)
 
 
-def predicted_stream_s(history: list[tuple[int, float]], n: int) -> float | None:
-    """Wall time for `n` chunks extrapolated from finished (n, seconds) runs by a power law."""
-    if not history:
-        return None
-    (n1, s1) = history[-1]
-    # With one point assume quadratic growth: vLLM's replay is O(n^2) calls (O(n^3) characters
-    # with hermes), so this is a lower bound; two points give the measured exponent.
-    exponent = 2.0
+def predicted_stream_s(
+    history: list[tuple[int, float]], last_call_s: list[float], n: int
+) -> float | None:
+    """Wall time for a stream of `n` chunks, from the finished (n, seconds) runs.
+
+    Two runs give a power law. One run gives a per-call cost that grows linearly with the
+    call index (fitted on its first and last quarters), which covers O(n) and O(n^2) streams.
+    """
     if len(history) >= 2:
-        (n0, s0) = history[-2]
+        (n0, s0), (n1, s1) = history[-2], history[-1]
         if s0 > 0 and s1 > 0 and n1 != n0:
             exponent = max(1.0, math.log(s1 / s0) / math.log(n1 / n0))
-    return float(s1 * (n / n1) ** exponent)
+            return float(s1 * (n / n1) ** exponent)
+    if len(last_call_s) < 8:
+        return None
+    quarter = len(last_call_s) // 4
+    early = statistics.fmean(last_call_s[:quarter])
+    late = statistics.fmean(last_call_s[-quarter:])
+    at_early, at_late = quarter / 2, len(last_call_s) - quarter / 2
+    slope = max(0.0, (late - early) / (at_late - at_early))
+    base = max(0.0, early - slope * at_early)
+    return base * n + slope * n * n / 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import msgspec
 
 from bench import inputs, measure
+
+_TAG = "@@bench-request-tag@@"
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -67,9 +70,21 @@ class Inputs:
             for tools in (False, True)
         }
         self.outputs = {n: inputs.output_ids(tok, n) for n in plan.stream_n}
+        # One counter for the whole run, so no two render requests are the same.
+        self._serial = itertools.count()
 
     def render_body(self, size: int, tools: bool) -> bytes:
         return msgspec.json.encode(inputs.chat_request(self.model, self.messages[size], tools))
+
+    def render_bodies(self, size: int, tools: bool) -> measure.Bodies:
+        """Each body ends its last user message with a new tag: real traffic does not repeat a
+        whole prompt, so a server-side cache of whole messages must not hit on every call."""
+        messages = [*self.messages[size][:-1], dict(self.messages[size][-1])]
+        messages[-1]["content"] += _TAG
+        head, tail = msgspec.json.encode(inputs.chat_request(self.model, messages, tools)).split(
+            _TAG.encode()
+        )
+        return lambda: b"%s (ref %d)%s" % (head, next(self._serial), tail)
 
     def stream_base(self, size: int) -> dict[str, Any]:
         ids = self.prompt_ids[(size, True)]

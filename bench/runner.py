@@ -58,7 +58,7 @@ class Runner:
                             client,
                             server.cpu_seconds,
                             CHAT_RENDER,
-                            self.data.render_body(size, tools),
+                            self.data.render_bodies(size, tools),
                             self.plan.latency_reps,
                             self.plan.warmup,
                             "render",
@@ -85,7 +85,7 @@ class Runner:
                         client,
                         server.cpu_seconds,
                         CHAT_RENDER,
-                        self.data.render_body(size, False),
+                        self.data.render_bodies(size, False),
                         self.plan.latency_reps,
                         self.plan.warmup,
                         "render",
@@ -123,7 +123,7 @@ class Runner:
 
     def throughput(self, name: str, server: Server) -> None:
         size = self.plan.latency_sizes[0]
-        body = self.data.render_body(size, False)
+        bodies = self.data.render_bodies(size, False)
         tokens = len(self.data.prompt_ids[(size, False)])
         for clients in self.plan.concurrency:
             row = ThroughputRow(name, clients, tokens, Outcome())
@@ -132,7 +132,7 @@ class Runner:
                     server.base_url,
                     server.cpu_seconds,
                     CHAT_RENDER,
-                    body,
+                    bodies,
                     clients,
                     self.plan.throughput_s,
                     self.plan.throughput_max_requests,
@@ -153,11 +153,12 @@ class Runner:
         size = self.plan.latency_sizes[0]
         base = self.data.stream_base(size)
         history: list[tuple[int, float]] = []
+        last_call_s: list[float] = []
         with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
             blocked: Outcome | None = None
             for n in self.plan.stream_n:
                 row = StreamRow(row_name, n, Outcome())
-                guess = measure.predicted_stream_s(history, n)
+                guess = measure.predicted_stream_s(history, last_call_s, n)
                 if blocked is not None:
                     row.outcome = blocked
                 elif name == PEER and n >= self.plan.ours_only_n:
@@ -188,6 +189,7 @@ class Runner:
                     )
                     if run.outcome.ok:
                         history.append((n, run.wall_s))
+                        last_call_s = run.call_s
                         if run.final is not None:
                             self.finals[(row_name, n)] = run.final
                             row.final_summary = run.final.summary()
@@ -210,7 +212,7 @@ class Runner:
                         client,
                         server.cpu_seconds,
                         CHAT_DERENDER,
-                        self.data.batch_body(size, n),
+                        measure.same_body(self.data.batch_body(size, n)),
                         self.plan.batch_reps,
                         1,
                         "derender",
