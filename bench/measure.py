@@ -62,7 +62,7 @@ def post(client: httpx.Client, path: str, body: bytes, what: str) -> httpx.Respo
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100); with few samples p99 is the slowest one."""
     ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100.0 * len(ordered) + 0.5)))
+    rank = max(1, min(len(ordered), math.ceil(q / 100.0 * len(ordered))))
     return ordered[rank - 1]
 
 

@@ -1,10 +1,10 @@
-"""The stream-time extrapolation that decides which derender runs fit the budget."""
+"""Helpers of the workloads: stream-time extrapolation and percentiles."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.measure import predicted_stream_s
+from bench.measure import percentile, predicted_stream_s
 
 
 def test_flat_per_call_cost_extrapolates_linearly() -> None:
@@ -27,3 +27,10 @@ def test_two_runs_give_a_power_law() -> None:
 
 def test_nothing_to_go_on() -> None:
     assert predicted_stream_s([], [], 256) is None
+
+
+def test_p99_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 99) == 99.0
+    assert percentile(values[:20], 99) == 20.0
+    assert percentile([5.0], 50) == 5.0
