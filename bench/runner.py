@@ -30,6 +30,11 @@ from bench.results import (
 from bench.servers import Server, load_average
 
 
+# A stream predicted to need more than this many budgets is not started; one that might
+# nearly fit runs until the budget and reports how far it got.
+_HOPELESS = 3
+
+
 class Runner:
     """Runs every workload against one system and appends rows to `results`."""
 
@@ -165,11 +170,11 @@ class Runner:
                     row.outcome = Outcome(
                         SKIPPED, f"render-service only (predicted {_secs(guess)} for vLLM)"
                     )
-                elif guess is not None and guess > self.plan.stream_budget_s:
+                elif guess is not None and guess > _HOPELESS * self.plan.stream_budget_s:
                     row.outcome = Outcome(
                         SKIPPED,
-                        f"not run: predicted {_secs(guess)} from the smaller runs, over the "
-                        f"{self.plan.stream_budget_s:.0f} s budget",
+                        f"not run: predicted {_secs(guess)} from the smaller runs, more than "
+                        f"{_HOPELESS}x the {self.plan.stream_budget_s:.0f} s budget",
                     )
                 else:
                     run = measure.stream_derender(
