@@ -29,7 +29,6 @@ from bench.results import (
 )
 from bench.servers import Server, load_average
 
-
 # A stream predicted to need more than this many budgets is not started; one that might
 # nearly fit runs until the budget and reports how far it got.
 _HOPELESS = 3
