@@ -200,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
         "--stream-budget",
         type=float,
         default=0.0,
-        help="wall-time cap in s for one streaming-derender run (default: 75 quick, 600 full)",
+        help="wall-time cap in s for one streaming-derender run (default: 45 quick, 600 full)",
     )
     cmp.add_argument(
         "--workers", type=int, default=0, help="--workers for render-service (default: its own)"

@@ -38,7 +38,7 @@ QUICK = Plan(
     warmup=2,
     throughput_s=1.5,
     stream_n=(256, 1024),
-    stream_budget_s=75.0,
+    stream_budget_s=45.0,
     batch_reps=5,
     bytes_chunks=32,
 )
