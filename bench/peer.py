@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 VLLM_VERSION = "0.33.0"
@@ -97,12 +98,12 @@ def is_installed(venv: Path) -> bool:
     return (venv / _MARKER).exists() and vllm_bin(venv).exists()
 
 
-def ensure_installed(venv: Path, log: object = print) -> None:
+def ensure_installed(venv: Path, log: Callable[[str], None] = print) -> None:
     """Install vLLM into `venv` unless a finished install is already there."""
     if is_installed(venv):
-        log(f"peer: reusing vLLM {VLLM_VERSION} in {venv}")  # type: ignore[operator]
+        log(f"peer: reusing vLLM {VLLM_VERSION} in {venv}")
         return
-    log(f"peer: installing vLLM {VLLM_VERSION} into {venv} (slow, first use only)")  # type: ignore[operator]
+    log(f"peer: installing vLLM {VLLM_VERSION} into {venv} (slow, first use only)")
     venv.parent.mkdir(parents=True, exist_ok=True)
     py = venv / "bin" / "python"
     if not py.exists():
@@ -114,7 +115,7 @@ def ensure_installed(venv: Path, log: object = print) -> None:
     constraints.write_text("torch==2.13.0\n")
     _run([*pip, "-c", str(constraints), *_DEPS])
     (venv / _MARKER).write_text(f"vllm=={VLLM_VERSION}\n")
-    log("peer: install finished")  # type: ignore[operator]
+    log("peer: install finished")
 
 
 def _run(cmd: list[str]) -> None:
@@ -138,7 +139,3 @@ def server_command(venv: Path, model: Path, port: int, parser_flags: list[str]) 
 def server_env() -> dict[str, str]:
     """The peer needs VLLM_TARGET_DEVICE=cpu, else platform detection fails; offline hub."""
     return {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
-
-
-if __name__ == "__main__":
-    ensure_installed(venv_dir(sys.argv[1] if len(sys.argv) > 1 else None))
