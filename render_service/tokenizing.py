@@ -14,7 +14,8 @@ A long stretch is also cut into parts that encode in parallel. A cut goes betwee
 digit and a space that starts a word (``...word| word...``): the pre-tokenizers of the byte-level
 BPE families (Qwen, Llama 3, GPT-4o style) always end a pre-token there, and NFC cannot compose
 across a space, so the ids do not change. Each tokenizer is checked on a sample at startup and
-parts are only used when the check passes.
+parts are only used when the check passes. Stretches go through tiktoken's encoder where it
+reproduces this tokenizer (render_service/fast_bpe.py), else through ``tokenizers``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import unicodedata
 from collections import OrderedDict
 
 import tokenizers
+
+from render_service import fast_bpe
 
 # Stretches shorter than this are cheaper to encode again than to look up.
 _MIN_CACHED_CHARS = 64
@@ -43,7 +46,9 @@ _SAMPLE = (
 class SegmentEncoder:
     """Encodes rendered prompts through a bounded LRU of text stretches (thread-safe)."""
 
-    def __init__(self, backend: tokenizers.Tokenizer, max_entries: int = 4096) -> None:
+    def __init__(
+        self, backend: tokenizers.Tokenizer, max_entries: int = 4096, *, fast: bool = True
+    ) -> None:
         self.backend = backend
         self.max_entries = max_entries
         self._lock = threading.Lock()
@@ -54,6 +59,7 @@ class SegmentEncoder:
             max_entries > 0 and bool(self._ids) and all(_splits_cleanly(t) for t in added.values())
         )
         self.parallel = self.enabled and _cuts_are_safe(backend)
+        self._fast = fast_bpe.build(backend.to_str(), backend) if fast and self.enabled else None
         contents = sorted(self._ids, key=len, reverse=True)
         self._split = (
             re.compile("(" + "|".join(re.escape(c) for c in contents) + ")") if contents else None
@@ -97,10 +103,15 @@ class SegmentEncoder:
             pieces = _cut(stretch) if self.parallel and len(stretch) > _PART_CHARS else [stretch]
             parts.extend(pieces)
             owners.extend([index] * len(pieces))
-        encoded = self.backend.encode_batch(parts, add_special_tokens=False)
+        if self._fast is not None:
+            encoded = self._fast(parts)
+        else:
+            encoded = [
+                enc.ids for enc in self.backend.encode_batch(parts, add_special_tokens=False)
+            ]
         ids: list[list[int]] = [[] for _ in stretches]
-        for owner, enc in zip(owners, encoded, strict=True):
-            ids[owner].extend(enc.ids)
+        for owner, part_ids in zip(owners, encoded, strict=True):
+            ids[owner].extend(part_ids)
         return dict(zip(stretches, ids, strict=True))
 
     def _remember(self, fresh: dict[str, list[int]]) -> None:

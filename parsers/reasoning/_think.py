@@ -57,15 +57,22 @@ def prompt_closes_reasoning(config: ReasoningConfig, prompt_token_ids: Sequence[
             return True
         if token_id == start or token_id in boundaries:
             break
-    tool_start = config.tool_start_id
-    if tool_start is None:
+    if config.tool_start_id is None:
         return False
-    closed_later = False
-    for token_id in reversed(prompt_token_ids):
-        if token_id == start:
-            return False
-        if token_id == config.tool_end_id:
-            closed_later = True
-        elif token_id == tool_start and not closed_later:
-            return True
-    return False
+    # An unclosed tool-call start after the last reasoning start: the last tool start comes
+    # after both the last reasoning start and the last tool end. Searched in C, not per id.
+    backwards = list(reversed(prompt_token_ids))
+    last_tool_start = _last_index(backwards, config.tool_start_id)
+    return last_tool_start > max(
+        _last_index(backwards, start), _last_index(backwards, config.tool_end_id)
+    )
+
+
+def _last_index(backwards: list[int], token_id: int | None) -> int:
+    """Index of the last ``token_id`` in the original order (-1: absent), from the reversed ids."""
+    if token_id is None:
+        return -1
+    try:
+        return len(backwards) - 1 - backwards.index(token_id)
+    except ValueError:
+        return -1

@@ -38,7 +38,12 @@ TEXT = st.lists(st.sampled_from(PIECES), max_size=60).map("".join)
 
 @pytest.fixture(scope="module")
 def encoders(tmp_path_factory: pytest.TempPathFactory) -> list[SegmentEncoder]:
-    return [SegmentEncoder(t, max_entries=64) for t in tokenizers_under_test(tmp_path_factory)]
+    found = tokenizers_under_test(tmp_path_factory)
+    return [SegmentEncoder(t, max_entries=64, fast=fast) for t in found for fast in (True, False)]
+
+
+def test_byte_level_bpe_families_get_the_tiktoken_path(encoders: list[SegmentEncoder]) -> None:
+    assert all(e._fast is not None for e in encoders[::2])
 
 
 @settings(max_examples=150, deadline=None)
@@ -78,4 +83,13 @@ def test_long_stretches_encoded_in_parallel_parts_keep_their_ids(
     text = (base + " ") * (20_000 // len(base) + 1)
     for encoder in encoders:
         assert encoder.parallel
+        assert encoder.encode(text) == encoder.backend.encode(text, add_special_tokens=False).ids
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=200))
+def test_any_unicode_text_encodes_like_tokenizers(
+    encoders: list[SegmentEncoder], text: str
+) -> None:
+    for encoder in encoders[::2]:
         assert encoder.encode(text) == encoder.backend.encode(text, add_special_tokens=False).ids
