@@ -13,15 +13,17 @@ from typing import Any
 
 import msgspec
 
-from render_service.errors import LimitExceeded
+from render_service.errors import InvalidRequest, LimitExceeded, invalid_param
 from render_service.settings import Settings
 
-__all__ = ["IMAGE_PART_TYPES", "Limits", "check_depth", "count_images"]
+__all__ = ["IMAGE_PART_TYPES", "Limits", "check_depth", "check_int64", "count_images"]
 
 #: Content-part types that carry an image (OpenAI's and vLLM's spellings).
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image", "image_pil", "image_embeds"})
 
 _encoder = msgspec.json.Encoder()
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_ID_LIST_FIELDS = frozenset({"stop_token_ids", "allowed_token_ids", "logprob_token_ids"})
 # Fields that hold arbitrary JSON (dict[str, Any], Any): the only places deep nesting can hide.
 _FREE_FORM_FIELDS = (
     "chat_template_kwargs",
@@ -68,6 +70,24 @@ def check_depth(value: Any, limit: int, param: str) -> None:
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
+def check_int64(body: msgspec.Struct) -> None:
+    """Integer fields bound for the engine must fit its int64 (vLLM types seed and priority so);
+    a client sending 2**70 gets a 400 here rather than an engine that cannot read the request."""
+    for name in body.__struct_fields__:
+        value = getattr(body, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise _out_of_range(name, value)
+        elif name in _ID_LIST_FIELDS and isinstance(value, list):
+            for item in value:
+                if isinstance(item, int) and not _INT64_MIN <= item <= _INT64_MAX:
+                    raise _out_of_range(name, item)
+
+
+def _out_of_range(name: str, value: int) -> InvalidRequest:
+    return invalid_param(f"{name} must fit in a signed 64-bit integer", name, value)
+
+
 def count_images(messages: Iterable[Any]) -> int:
     """Image parts across all messages (a hook for the multimodal path)."""
     count = 0
@@ -102,7 +122,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def check_request(self, body: Any) -> None:
-        """Checks for any request body: its messages, tools and free-form JSON fields."""
+        """Checks for any request body: its numbers, messages, tools and free-form JSON fields."""
+        check_int64(body)
         messages = getattr(body, "messages", None)
         if isinstance(messages, list):
             self.check_messages(messages)
