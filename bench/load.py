@@ -223,7 +223,9 @@ async def sample_rss(root: int, stop: float, samples: list[tuple[float, int, int
 
 async def drive(url: str, root: int, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    limits = httpx.Limits(max_connections=args.streams + args.renders + 8)
+    # Drop idle connections before uvicorn's 5 s keep-alive timeout does: otherwise a request can
+    # go out on a connection the server is closing at that moment (a client-side ReadError).
+    limits = httpx.Limits(max_connections=args.streams + args.renders + 8, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         rendered = (await client.post("/v1/chat/completions/render", json=STREAM_CHAT)).json()
         prompt = rendered["token_ids"]
