@@ -32,6 +32,11 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])
 # Starting a child imports transformers' template module; that must not count against a template.
 _STARTUP_TIMEOUT = 120.0
+# Environment variables that carry secrets (server.py's settings JSON, cli.py's state secret,
+# vLLM's API key variable).
+_SECRET_ENV = frozenset(
+    {"RENDER_SERVICE_SETTINGS_JSON", "RENDER_SERVICE_STATE_SECRET", "VLLM_API_KEY"}
+)
 
 
 class _WorkerGone(Exception):
@@ -42,7 +47,10 @@ class _Worker:
     """One child process and its pipes; used by one thread at a time."""
 
     def __init__(self, memory_bytes: int) -> None:
-        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+        # A child runs untrusted templates: it gets no secrets, even though Jinja's sandbox
+        # should keep a template from reading its environment at all.
+        env = {k: v for k, v in os.environ.items() if k not in _SECRET_ENV}
+        env["TOKENIZERS_PARALLELISM"] = "false"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "render_service._template_worker", str(memory_bytes)],
             stdin=subprocess.PIPE,
