@@ -429,6 +429,24 @@ CASES: list[tuple[str, Build]] = [
     ),
     ("state_truncated", lambda c: Case(DERENDER, derender_chunk([1], c.state[:10]), 400)),
     # ---- token ids the vocabulary does not have --------------------------------------------
+    (
+        "derender_negative_choice_index",
+        lambda c: Case(
+            DERENDER,
+            dumps(
+                {
+                    "stream": True,
+                    "generate_chunk": {
+                        "request_id": "r",
+                        "choices": [{"index": -1, "finish_reason": None, "token_ids": [1]}],
+                    },
+                    "prompt_token_ids": [1],
+                    "chat_request": {"messages": HI, "stream": True},
+                }
+            ),
+            400,
+        ),
+    ),
     # vLLM decodes ids outside the vocabulary to nothing; so do we (a 200, not an error).
     ("derender_id_out_of_vocab", lambda c: Case(DERENDER, derender_chunk([c.vocab + 10]), 200)),
     ("derender_id_2_40", lambda c: Case(DERENDER, derender_chunk([2**40]), 400)),

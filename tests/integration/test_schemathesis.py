@@ -1,11 +1,13 @@
 """Schemathesis fuzzes every operation of /openapi.json against a real server: never a 5xx.
 
-Examples are bounded (hypothesis ``max_examples`` per operation) so this stays a CI test. The
+Examples are bounded (hypothesis ``max_examples`` per operation, 30 unless
+SCHEMATHESIS_MAX_EXAMPLES says otherwise) so this stays a CI test. The
 server runs the embedded model with a tool parser, so derender bodies reach the parsers too.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,7 +54,7 @@ def test_served_document_is_the_generated_one(fuzzed_server: RunningServer) -> N
 
 @schema.parametrize()
 @settings(
-    max_examples=30,
+    max_examples=int(os.environ.get("SCHEMATHESIS_MAX_EXAMPLES", "30")),
     deadline=None,
     suppress_health_check=list(HealthCheck),
     derandomize=True,
