@@ -20,7 +20,15 @@ from starlette.routing import Route
 
 from render_service import __version__, lifecycle, metrics
 from render_service.derender import Derenderer, build_derenderer
-from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
+from render_service.errors import (
+    BodyTooLarge,
+    LimitExceeded,
+    RenderServiceError,
+    RequestTimeout,
+    SchemaError,
+)
+from render_service.limits import Limits
+from render_service.openapi import openapi_document
 from render_service.protocol._base import decode_body
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
@@ -99,6 +107,7 @@ class Service:
         self.pool = ThreadPoolExecutor(
             max_workers=max(1, self.settings.renderer_num_workers), thread_name_prefix="render"
         )
+        self.limits = Limits.from_settings(self.settings)
         key = self.settings.api_key
         self._api_key_digest = hashlib.sha256(key.encode()).digest() if key else None
 
@@ -136,6 +145,7 @@ class Service:
     async def render_chat(self, request: Request) -> Response:
         data = await self.body(request)
         body = decode_body(data, _chat_decoder)
+        self.limits.check_request(body)
         result = await self.run(
             self.renderer.render_chat, body, request_id=request.headers.get("x-request-id")
         )
@@ -145,6 +155,7 @@ class Service:
     async def render_completion(self, request: Request) -> Response:
         data = await self.body(request)
         body = decode_body(data, _completion_decoder)
+        self.limits.check_request(body)
         result = await self.run(
             self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
         )
@@ -155,20 +166,24 @@ class Service:
         data = await self.body(request)
         if decode_body(data, _stream_flag_decoder).stream is True:
             stream_body = decode_body(data, _derender_chat_stream_decoder)
+            self.limits.check_request(stream_body)
             return self.derendered(
                 stream_body, await self.run(self.derenderer.derender_chat_stream, stream_body)
             )
         body = decode_body(data, _derender_chat_decoder)
+        self.limits.check_request(body)
         return self.derendered(body, await self.run(self.derenderer.derender_chat, body))
 
     async def derender_completion(self, request: Request) -> Response:
         data = await self.body(request)
         if decode_body(data, _stream_flag_decoder).stream is True:
             stream_body = decode_body(data, _derender_cmpl_stream_decoder)
+            self.limits.check_request(stream_body)
             return self.derendered(
                 stream_body, await self.run(self.derenderer.derender_completion_stream, stream_body)
             )
         body = decode_body(data, _derender_cmpl_decoder)
+        self.limits.check_request(body)
         return self.derendered(body, await self.run(self.derenderer.derender_completion, body))
 
     def derendered(self, body: Any, result: Any) -> Response:
@@ -183,6 +198,7 @@ class Service:
             body = decode_body(data, _tokenize_chat_decoder)
         else:
             body = decode_body(data, _tokenize_prompt_decoder)
+        self.limits.check_request(body)
         return MsgspecResponse(await self.run(self.renderer.tokenize, body))
 
     async def detokenize(self, request: Request) -> Response:
@@ -214,6 +230,9 @@ class Service:
     async def version(self, request: Request) -> Response:
         return MsgspecResponse({"version": __version__})
 
+    async def openapi(self, request: Request) -> Response:
+        return Response(_OPENAPI, media_type="application/json")
+
     created = 0
 
     # ---- middleware-ish wrappers ----------------------------------------------------------
@@ -221,13 +240,26 @@ class Service:
     def guarded(
         self, handler: Callable[[Request], Awaitable[Response]]
     ) -> Callable[[Request], Awaitable[Response]]:
+        timeout = self.settings.request_timeout
+
         async def endpoint(request: Request) -> Response:
             try:
                 if self._api_key_digest is not None and request.url.path.startswith(
                     _GUARDED_PREFIXES
                 ):
                     self._check_auth(request)
-                return await handler(request)
+                if not timeout:
+                    return await handler(request)
+                # Cancelling the wait also cancels a render still queued for a worker thread; one
+                # already running finishes its (limit-bounded) work, with no one waiting for it.
+                return await asyncio.wait_for(handler(request), timeout)
+            except TimeoutError:
+                return error_response(
+                    RequestTimeout(
+                        f"The request took longer than this server's limit of {timeout} s "
+                        "(--request-timeout)."
+                    )
+                )
             except _Unauthorized:
                 return JSONResponse({"error": "Unauthorized"}, status_code=401)
             except UnicodeDecodeError:
@@ -236,6 +268,10 @@ class Service:
                 )
             except RenderServiceError as exc:
                 return error_response(exc)
+            except RecursionError:  # nesting deep enough to exhaust Python's stack somewhere
+                return error_response(
+                    LimitExceeded("The request nests JSON too deeply (--max-json-depth).")
+                )
             except Exception:
                 log.exception("unhandled error on %s", request.url.path)
                 body = {
@@ -266,6 +302,7 @@ class _Unauthorized(Exception):
 
 
 _any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
+_OPENAPI = msgspec.json.encode(openapi_document())
 
 
 def build_app(renderer: Renderer) -> Starlette:
@@ -289,6 +326,7 @@ def build_app(renderer: Renderer) -> Starlette:
         Route("/version", service.version, methods=["GET"]),
         Route("/ready", service.ready, methods=["GET"]),
         Route("/metrics", metrics.metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", service.openapi, methods=["GET"]),
     ]
     metrics.pool_size(max(1, renderer.settings.renderer_num_workers))
     app = Starlette(

@@ -74,7 +74,39 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-logprobs", type=int, default=20)
     serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     serve.add_argument("--log-level", default="info")
+    _add_limit_flags(serve)
     return parser
+
+
+# Hardening limits: (flag, type, help); the default is the Settings field's, so there is one source.
+_LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--max-stream-state-bytes", int, "longest stream_state accepted or issued, in characters"),
+    ("--max-messages", int, "messages per chat request"),
+    ("--max-tools", int, "tools per chat request"),
+    ("--max-tool-schema-bytes", int, "total JSON bytes of a request's tool definitions"),
+    ("--max-json-depth", int, "nesting depth of messages, tools and template kwargs"),
+    ("--max-prompt-tokens", int, "prompt tokens per request (default: --max-model-len)"),
+    ("--max-images", int, "images per request"),
+    ("--request-timeout", float, "seconds a request may run before a clean 408 (0: no limit)"),
+    ("--template-timeout", float, "seconds a per-request chat template may run"),
+    ("--max-template-output-chars", int, "characters a per-request chat template may produce"),
+    ("--template-memory-bytes", int, "address-space budget of the per-request template worker"),
+)
+
+
+def _add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    for flag, kind, help_text in _LIMIT_FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=help_text)
+
+
+def _limit_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Only the limit flags given on the command line; the rest keep the Settings defaults."""
+    values = {}
+    for flag, _, _ in _LIMIT_FLAGS:
+        name = flag.removeprefix("--").replace("-", "_")
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    return values
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
@@ -110,6 +142,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         enable_request_id_headers=args.enable_request_id_headers,
         max_logprobs=args.max_logprobs,
         max_body_bytes=args.max_body_bytes,
+        **_limit_settings(args),
     )
 
 

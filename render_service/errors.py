@@ -7,7 +7,9 @@
     ├── ModelNotFound             404 NotFoundError
     ├── BodyTooLarge              413 BadRequestError
     ├── StreamStateError          400 BadRequestError (tampered, stale or foreign stream_state)
-    └── TemplateTimeout           500 InternalServerError (a chat template ran too long)
+    ├── LimitExceeded             400 BadRequestError (a --max-* limit; the message names the flag)
+    │   └── TemplateLimit         400 (a per-request template ran too long, too big or failed)
+    └── RequestTimeout            408 RequestTimeoutError (--request-timeout)
 
 Everything else that escapes a handler becomes a logged 500 InternalServerError in one place (app.py).
 """
@@ -55,9 +57,19 @@ class StreamStateError(RenderServiceError):
     """A stream_state that cannot be trusted or continued."""
 
 
-class TemplateTimeout(RenderServiceError):
-    status = 500
-    error_type = "InternalServerError"
+class LimitExceeded(InvalidRequest):
+    """The request is larger or deeper than a server limit allows; the message names the flag."""
+
+
+class TemplateLimit(LimitExceeded):
+    """A per-request chat template ran past its time, output or memory budget, or crashed."""
+
+
+class RequestTimeout(RenderServiceError):
+    """The request ran longer than --request-timeout (vLLM has no such limit)."""
+
+    status = 408
+    error_type = "RequestTimeoutError"
 
 
 def invalid_param(message: str, param: str, value: object = None) -> InvalidRequest:

@@ -29,6 +29,7 @@ from render_service.sampling import (
     resolve_sampling_value,
     structured_outputs,
 )
+from render_service.sandbox import TemplateSandbox
 from render_service.settings import Settings
 from render_service.tokenizing import SegmentEncoder
 
@@ -57,6 +58,17 @@ class Renderer:
             settings.chat_template_content_format
             if settings.chat_template_content_format != "auto"
             else templating.detect_content_format(template or "")
+        )
+        # Per-request templates render in killable child processes (started on first use).
+        self.template_sandbox = (
+            TemplateSandbox(
+                workers=settings.renderer_num_workers,
+                timeout=settings.template_timeout,
+                max_output_chars=settings.max_template_output_chars,
+                memory_bytes=settings.template_memory_bytes,
+            )
+            if settings.trust_request_chat_template
+            else None
         )
 
     @classmethod
@@ -263,8 +275,14 @@ class Renderer:
             )
         except templating.MultimodalContent as exc:
             raise InvalidRequest(f"{self.model_name} is not a multimodal model") from exc
+        untrusted = request.chat_template is not None or "chat_template" in kwargs
         text = templating.apply_template(
-            self.model.hf_tokenizer, template, conversation, tools, template_kwargs
+            self.model.hf_tokenizer,
+            template,
+            conversation,
+            tools,
+            template_kwargs,
+            sandbox=self.template_sandbox if untrusted else None,
         )
         truncate = getattr(request, "truncate_prompt_tokens", None)
         side = getattr(request, "truncation_side", None)
@@ -297,6 +315,14 @@ class Renderer:
 
     def _check_prompt_length(self, length: int) -> None:
         limit = self.model.info.max_model_len
+        cap = self.settings.max_prompt_tokens
+        if cap is not None and cap < limit and length > cap:
+            raise invalid_param(
+                f"The prompt has {length} tokens, over this server's limit of {cap} "
+                "(--max-prompt-tokens).",
+                "input_tokens",
+                length,
+            )
         if length > limit:
             raise invalid_param(
                 f"This model's maximum context length is {limit} tokens. However, your prompt contains at "

@@ -34,6 +34,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     parser_cache_entries: int = 4096
     parser_cache_ttl: float = 300.0
     segment_cache_entries: int = 4096
+    # Hardening limits (docs/security.md says what each protects); 0 or None turns one off.
+    max_messages: int = 2048
+    max_tools: int = 256
+    max_tool_schema_bytes: int = 1024 * 1024
+    max_json_depth: int = 64
+    max_prompt_tokens: int | None = None
+    max_images: int = 32
+    request_timeout: float = 60.0
+    template_timeout: float = 5.0
+    max_template_output_chars: int = 8 * 1024 * 1024
+    template_memory_bytes: int = 512 * 1024 * 1024
 
     @property
     def model_name(self) -> str:

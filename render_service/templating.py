@@ -16,6 +16,7 @@ import jinja2.nodes
 import jinja2.sandbox
 
 from render_service.errors import InvalidRequest
+from render_service.sandbox import TemplateSandbox
 
 ContentFormat = Literal["string", "openai"]
 
@@ -157,11 +158,22 @@ def apply_template(
     conversation: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     kwargs: dict[str, Any],
+    sandbox: TemplateSandbox | None = None,
 ) -> str:
-    """Render the prompt text; template errors become 400s with the template's message."""
+    """Render the prompt text; template errors become 400s with the template's message.
+
+    With a ``sandbox`` (for per-request templates) the render runs in a killable child process.
+    """
     if "chat_template" in kwargs or "tokenize" in kwargs:
         raise InvalidRequest("chat_template_kwargs must not set 'chat_template' or 'tokenize'")
     call_kwargs = filter_template_kwargs(template, kwargs)
+    if sandbox is not None:
+        if call_kwargs.get("continue_final_message") and call_kwargs.get("add_generation_prompt"):
+            raise InvalidRequest(
+                "continue_final_message and add_generation_prompt are not compatible."
+            )
+        special = dict(hf_tokenizer.special_tokens_map)
+        return sandbox.render(template, conversation, tools, {**special, **call_kwargs})
     try:
         rendered = hf_tokenizer.apply_chat_template(
             conversation=conversation,

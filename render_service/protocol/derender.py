@@ -9,11 +9,15 @@ import msgspec
 from render_service.logprobs import GenerateLogProbs
 from render_service.protocol._base import Body
 
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
+# Ids are 32-bit in every tokenizer and engine; a larger one is refused at the schema (vLLM would
+# decode it to nothing, but our parser cache digests ids as uint32).
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
+# A choice index seeds the stream digest as uint32 (a negative one was a 500, found by schemathesis).
+ChoiceIndex = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 
 class GenerateChoice(msgspec.Struct, kw_only=True):
-    index: int = 0
+    index: ChoiceIndex = 0
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
     token_ids: list[TokenId] | None = None
