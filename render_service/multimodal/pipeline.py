@@ -242,7 +242,7 @@ class MediaPipeline:
             if url.startswith("file:"):
                 loop = asyncio.get_running_loop()
                 return await loop.run_in_executor(self.pool, read_local, url, self.limits)
-        except TimeoutError as exc:
+        except (TimeoutError, httpx.TimeoutException) as exc:
             raise part.error("fetching the image timed out") from exc
         except httpx.HTTPError as exc:
             raise part.error(f"fetching the image failed: {type(exc).__name__}") from exc
