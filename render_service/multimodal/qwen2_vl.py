@@ -160,12 +160,16 @@ def _axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArra
 
 def _resample(image: NDArray[np.uint8], axis: int, out_size: int) -> NDArray[np.uint8]:
     index, weights, precision = _axis_weights(image.shape[axis], out_size)
-    moved = np.moveaxis(image, axis, 0)
+    # Resampled axis first and contiguous, so every tap gathers whole rows.
+    moved = np.ascontiguousarray(np.moveaxis(image, axis, 0), dtype=np.int32)
     acc = np.full((out_size, *moved.shape[1:]), 1 << (precision - 1), dtype=np.int32)
     extra = (None,) * (moved.ndim - 1)
     for tap in range(index.shape[1]):
-        acc += moved[index[:, tap]].astype(np.int32) * weights[(slice(None), tap, *extra)]
-    out = np.clip(acc >> precision, 0, 255).astype(np.uint8)
+        gathered = moved[index[:, tap]]
+        np.multiply(gathered, weights[(slice(None), tap, *extra)], out=gathered)
+        acc += gathered
+    np.right_shift(acc, precision, out=acc)
+    out = np.clip(acc, 0, 255).astype(np.uint8)
     return np.moveaxis(out, 0, axis)
 
 
