@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 import numpy as np
@@ -76,15 +76,15 @@ class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
             )
         low = kwargs.get("min_pixels", size.get("shortest_edge", self.min_pixels))
         high = kwargs.get("max_pixels", size.get("longest_edge", self.max_pixels))
-        if not _positive_int(low) or not _positive_int(high) or low > high:
+        if not (_positive_int(low) and _positive_int(high)) or low > high:
             raise InvalidRequest(
                 "mm_processor_kwargs pixel bounds must be positive integers with min <= max",
                 "mm_processor_kwargs",
             )
-        return msgspec.structs.replace(self, min_pixels=int(low), max_pixels=int(high))
+        return msgspec.structs.replace(self, min_pixels=low, max_pixels=high)
 
 
-def _positive_int(value: Any) -> bool:
+def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
