@@ -160,16 +160,17 @@ def _axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArra
 
 def _resample(image: NDArray[np.uint8], axis: int, out_size: int) -> NDArray[np.uint8]:
     index, weights, precision = _axis_weights(image.shape[axis], out_size)
-    # Resampled axis first and contiguous, so every tap gathers whole rows.
-    moved = np.ascontiguousarray(np.moveaxis(image, axis, 0), dtype=np.int32)
-    acc = np.full((out_size, *moved.shape[1:]), 1 << (precision - 1), dtype=np.int32)
-    extra = (None,) * (moved.ndim - 1)
+    # Resampled axis first and contiguous, so every tap gathers whole uint8 rows.
+    moved = np.ascontiguousarray(np.moveaxis(image, axis, 0))
+    rows = moved.reshape(moved.shape[0], -1)
+    acc = np.full((out_size, rows.shape[1]), 1 << (precision - 1), dtype=np.int32)
+    term = np.empty_like(acc)
     for tap in range(index.shape[1]):
-        gathered = moved[index[:, tap]]
-        np.multiply(gathered, weights[(slice(None), tap, *extra)], out=gathered)
-        acc += gathered
-    np.right_shift(acc, precision, out=acc)
-    out = np.clip(acc, 0, 255).astype(np.uint8)
+        np.multiply(rows[index[:, tap]], weights[:, tap, None], out=term)
+        acc += term
+    acc >>= precision
+    np.clip(acc, 0, 255, out=acc)
+    out = acc.astype(np.uint8).reshape(out_size, *moved.shape[1:])
     return np.moveaxis(out, 0, axis)
 
 

@@ -28,7 +28,7 @@ def _tensor(array: NDArray[Any]) -> list[Any]:
     return [
         contiguous.dtype.name,
         list(contiguous.shape),
-        msgspec.msgpack.Ext(_TENSOR_EXT, contiguous.tobytes()),
+        msgspec.msgpack.Ext(_TENSOR_EXT, contiguous.data.cast("B")),
     ]
 
 
