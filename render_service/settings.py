@@ -31,7 +31,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_logprobs: int = 20
     max_body_bytes: int = 64 * 1024 * 1024
     # Multimodal (images): vLLM's flag names where vLLM has one.
-    limit_mm_per_prompt: dict[str, int] | None = None
+    limit_mm_per_prompt: dict[str, Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     allowed_local_media_path: str | None = None

@@ -142,7 +142,7 @@ class MediaPipeline:
             allow_private=settings.allow_private_media_urls,
             allowed_local_path=settings.allowed_local_media_path,
         )
-        self.max_images = (settings.limit_mm_per_prompt or {}).get("image", DEFAULT_IMAGE_LIMIT)
+        self.max_images = _image_limit(settings.limit_mm_per_prompt)
         self.pool = ThreadPoolExecutor(
             max_workers=max(1, settings.media_num_workers), thread_name_prefix="media"
         )
@@ -235,12 +235,13 @@ class MediaPipeline:
     async def _load(self, part: ImagePart) -> bytes:
         url = part.url or ""
         try:
+            loop = asyncio.get_running_loop()
             if url.startswith("data:"):
-                return decode_data_url(url)
+                # Large payloads: base64 decoding stays off the event loop too.
+                return await loop.run_in_executor(self.pool, decode_data_url, url)
             if url.startswith(("http://", "https://")):
                 return await fetch_http(url, self.limits)
             if url.startswith("file:"):
-                loop = asyncio.get_running_loop()
                 return await loop.run_in_executor(self.pool, read_local, url, self.limits)
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise part.error("fetching the image timed out") from exc
@@ -298,6 +299,16 @@ class MediaPipeline:
                 )
             )
         return MediaBatch(items=items, image_token_id=self.vision.image_token_id)
+
+
+def _image_limit(limits: dict[str, Any] | None) -> int:
+    """``--limit-mm-per-prompt``'s image count: ``{"image": 4}`` or ``{"image": {"count": 4}}``."""
+    value = (limits or {}).get("image", DEFAULT_IMAGE_LIMIT)
+    if isinstance(value, dict):
+        value = value.get("count", DEFAULT_IMAGE_LIMIT)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"--limit-mm-per-prompt: bad image limit {value!r}")
+    return value
 
 
 def _untrusted(name: str) -> InvalidRequest:
