@@ -87,6 +87,12 @@ def _media_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--media-num-workers", type=int, default=1, help="threads that decode and process images"
     )
+    serve.add_argument(
+        "--media-executor",
+        choices=["process", "thread"],
+        default="process",
+        help="run image work in worker processes (default) or threads",
+    )
     _bool_flag(
         serve,
         "--allow-private-media-urls",
@@ -105,6 +111,7 @@ def _media_settings(args: argparse.Namespace) -> dict[str, Any]:
         "media_io_kwargs": args.media_io_kwargs,
         "allowed_local_media_path": args.allowed_local_media_path,
         "media_num_workers": args.media_num_workers,
+        "media_executor": args.media_executor,
         "allow_private_media_urls": args.allow_private_media_urls,
         "media_fetch_timeout": args.media_fetch_timeout,
         "max_media_bytes": args.max_media_bytes,

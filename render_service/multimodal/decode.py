@@ -37,8 +37,8 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def open_image(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode ``data`` fully; ValueError with a client-facing reason when it cannot be used."""
+def _open(data: bytes, max_pixels: int) -> Image.Image:
+    """Parse the header only; ValueError when the bytes are no image or claim too many pixels."""
     fmt = sniff_format(data)
     if fmt is None:
         raise ValueError("the data is not a PNG, JPEG, WebP, GIF, BMP or TIFF image")
@@ -46,16 +46,31 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=[fmt])
-            width, height = image.size
-            if width * height > max_pixels:
-                raise ValueError(_too_many_pixels(width, height, max_pixels))
-            image.load()
     except Image.DecompressionBombError as exc:
         raise ValueError(f"the image has too many pixels ({exc})") from exc
     except UnidentifiedImageError as exc:
         raise ValueError(f"cannot decode the {fmt} image") from exc
     except (OSError, SyntaxError, EOFError) as exc:
         raise ValueError(f"the {fmt} image is truncated or corrupt ({exc})") from exc
+    width, height = image.size
+    if width * height > max_pixels:
+        raise ValueError(_too_many_pixels(width, height, max_pixels))
+    return image
+
+
+def open_header(data: bytes, max_pixels: int) -> tuple[int, int]:
+    """(width, height) from the header, with the same checks as ``open_image``."""
+    image = _open(data, max_pixels)
+    return image.size
+
+
+def open_image(data: bytes, max_pixels: int) -> Image.Image:
+    """Decode ``data`` fully; ValueError with a client-facing reason when it cannot be used."""
+    image = _open(data, max_pixels)
+    try:
+        image.load()
+    except (OSError, SyntaxError, EOFError, ValueError) as exc:
+        raise ValueError(f"the {image.format} image is truncated or corrupt ({exc})") from exc
     return image
 
 

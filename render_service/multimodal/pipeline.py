@@ -13,16 +13,17 @@ Two stages, so that image work never holds up text renders:
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import Any
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
 
 from render_service.errors import InvalidRequest, invalid_param
-from render_service.multimodal import serialize
-from render_service.multimodal.decode import open_image, to_rgb
+from render_service.multimodal import serialize, work
 from render_service.multimodal.fetch import (
     FetchLimits,
     MediaError,
@@ -30,9 +31,11 @@ from render_service.multimodal.fetch import (
     fetch_http,
     read_local,
 )
-from render_service.multimodal.hashing import EncodedImage, image_hash
-from render_service.multimodal.qwen2_vl import ProcessedImage, VisionConfig, process_image
+from render_service.multimodal.qwen2_vl import VisionConfig
+from render_service.multimodal.work import MediaItem
 from render_service.settings import Settings
+
+T = TypeVar("T")
 
 IMAGE_PART_TYPES = frozenset({"image_url"})
 DEFAULT_IMAGE_LIMIT = 999  # vLLM's per-prompt default for each modality
@@ -58,13 +61,6 @@ class ImagePart(msgspec.Struct, frozen=True, kw_only=True):
 
     def error(self, reason: str) -> MediaError:
         return MediaError(f"{self.where}: {reason}", self.param)
-
-
-class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
-    mm_hash: str
-    num_tokens: int
-    kwargs_data: str | None
-    mm_metadata: str | None
 
 
 class MediaBatch(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,9 +139,32 @@ class MediaPipeline:
             allowed_local_path=settings.allowed_local_media_path,
         )
         self.max_images = _image_limit(settings.limit_mm_per_prompt)
-        self.pool = ThreadPoolExecutor(
-            max_workers=max(1, settings.media_num_workers), thread_name_prefix="media"
-        )
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> Executor:
+        workers = max(1, self.settings.media_num_workers)
+        if self.settings.media_executor == "thread":
+            return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="media")
+        # spawn: the server process has threads, which fork would copy in odd states.
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        for _ in range(workers):  # start the workers now, not on the first image request
+            pool.submit(work.ready)
+        return pool
+
+    async def _in_pool(self, part: ImagePart, fn: Callable[..., T], *args: Any) -> T:
+        """Run one image step in the media pool; its failures become 400s naming the part."""
+        pool = self.pool
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except BrokenProcessPool as exc:
+            # A worker died (a decoder crash, the OOM killer): replace the pool, keep serving.
+            if self.pool is pool:
+                self.pool = self._new_pool()
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise part.error("image processing failed (the worker stopped)") from exc
+        except ValueError as exc:
+            raise part.error(str(exc)) from exc
 
     @classmethod
     def for_model(cls, model_path: str, model_id: str, settings: Settings) -> MediaPipeline | None:
@@ -212,18 +231,36 @@ class MediaPipeline:
         vision = self.vision.with_kwargs(mm_kwargs)
         background = self._background(io_kwargs)
         payloads = await asyncio.gather(*(self._load(part) for part in parts))
-        loop = asyncio.get_running_loop()
-        processed = await asyncio.gather(
-            *(
-                loop.run_in_executor(
-                    self.pool,
-                    partial(self._process, part, data, vision, background, mm_kwargs, io_kwargs),
+        max_pixels = self.settings.max_image_pixels
+        slices = None
+        if getattr(request, "mm_payload", "tensors") != "none":
+            # Every item records the rows of all items of the request (vLLM's layout), so the
+            # row counts come first, from the image headers.
+            rows = await asyncio.gather(
+                *(
+                    self._in_pool(part, work.patch_rows, data, max_pixels, vision)
+                    for part, data in zip(parts, payloads, strict=True)
                 )
-                for part, data in zip(parts, payloads, strict=True)
             )
+            slices = serialize.batch_slices(list(rows))
+        jobs = [
+            work.Job(
+                data=data,
+                model_id=self.model_id,
+                vision=vision,
+                background=background,
+                mm_kwargs=mm_kwargs,
+                io_kwargs=io_kwargs,
+                uuid=part.uuid,
+                max_pixels=max_pixels,
+                slices=slices,
+            )
+            for part, data in zip(parts, payloads, strict=True)
+        ]
+        items = await asyncio.gather(
+            *(self._in_pool(part, work.run, job) for part, job in zip(parts, jobs, strict=True))
         )
-        want_payload = getattr(request, "mm_payload", "tensors") != "none"
-        return await loop.run_in_executor(self.pool, partial(self._batch, processed, want_payload))
+        return MediaBatch(items=list(items), image_token_id=self.vision.image_token_id)
 
     def prepare_blocking(self, request: Any) -> MediaBatch | None:
         """``prepare`` for callers without an event loop (library use, worker threads)."""
@@ -235,14 +272,13 @@ class MediaPipeline:
     async def _load(self, part: ImagePart) -> bytes:
         url = part.url or ""
         try:
-            loop = asyncio.get_running_loop()
             if url.startswith("data:"):
                 # Large payloads: base64 decoding stays off the event loop too.
-                return await loop.run_in_executor(self.pool, decode_data_url, url)
+                return await self._in_pool(part, decode_data_url, url)
             if url.startswith(("http://", "https://")):
                 return await fetch_http(url, self.limits)
             if url.startswith("file:"):
-                return await loop.run_in_executor(self.pool, read_local, url, self.limits)
+                return await self._in_pool(part, read_local, url, self.limits)
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise part.error("fetching the image timed out") from exc
         except httpx.HTTPError as exc:
@@ -250,55 +286,6 @@ class MediaPipeline:
         except (ValueError, OSError) as exc:
             raise part.error(str(exc)) from exc
         raise part.error("image URLs must be data:, http(s): or file: URLs")
-
-    def _process(
-        self,
-        part: ImagePart,
-        data: bytes,
-        vision: VisionConfig,
-        background: tuple[int, int, int],
-        mm_kwargs: dict[str, Any],
-        io_kwargs: dict[str, Any],
-    ) -> tuple[ProcessedImage, str]:
-        try:
-            image = open_image(data, self.settings.max_image_pixels)
-            converted = image.mode != "RGB"
-            processed = process_image(to_rgb(image, background), vision)
-        except (ValueError, OSError) as exc:
-            raise part.error(str(exc)) from exc
-        except InvalidRequest as exc:
-            raise part.error(exc.message) from exc
-        io_config = (
-            {"image_mode": "RGB", "rgba_background_color": background} if converted else None
-        )
-        mm_hash = image_hash(
-            self.model_id, EncodedImage(data, io_config), mm_kwargs, io_kwargs, part.uuid
-        )
-        return processed, mm_hash
-
-    def _batch(self, processed: list[tuple[ProcessedImage, str]], want_payload: bool) -> MediaBatch:
-        slices = serialize.batch_slices([p.pixel_values.shape[0] for p, _ in processed])
-        items = []
-        for image, mm_hash in processed:
-            kwargs_data = metadata = None
-            if want_payload:
-                grid = serialize.grid_field(image.grid_thw)
-                kwargs_data = serialize.encode_item(
-                    {
-                        "image_grid_thw": grid,
-                        "pixel_values": serialize.pixel_field(image.pixel_values, slices),
-                    }
-                )
-                metadata = serialize.encode_item({"image_grid_thw": grid})
-            items.append(
-                MediaItem(
-                    mm_hash=mm_hash,
-                    num_tokens=image.num_tokens,
-                    kwargs_data=kwargs_data,
-                    mm_metadata=metadata,
-                )
-            )
-        return MediaBatch(items=items, image_token_id=self.vision.image_token_id)
 
 
 def _image_limit(limits: dict[str, Any] | None) -> int:

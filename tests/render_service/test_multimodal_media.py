@@ -37,6 +37,7 @@ def pipeline(**flags: Any) -> MediaPipeline:
         allow_private_media_urls=flags.pop("allow_private_media_urls", True),
         media_fetch_timeout=flags.pop("media_fetch_timeout", 1.0),
         max_media_bytes=flags.pop("max_media_bytes", 1024 * 1024),
+        media_executor=flags.pop("media_executor", "thread"),
         **flags,
     )
     return MediaPipeline("test-vl", VisionConfig(), settings)
@@ -255,3 +256,19 @@ def test_expand_counts_placeholders() -> None:
         batch.expand([7, 8, 9])
     with pytest.raises(InvalidRequest):
         batch.expand([pad, pad])
+
+
+def test_process_pool_gives_the_same_items_and_errors() -> None:
+    body = chat_body(*(data_url(image_bytes(56 + 28 * i, 84, seed=20 + i)) for i in range(2)))
+    in_processes = pipeline(media_executor="process", media_num_workers=2)
+    try:
+        assert prepare(in_processes, body) == prepare(pipeline(), body)
+        error = refused(in_processes, chat_body(data_url(truncated_jpeg(), "image/jpeg")))
+        assert error.message.startswith("messages[0].content[0]:")
+    finally:
+        in_processes.pool.shutdown()
+
+
+def test_limit_accepts_a_count_object() -> None:
+    body = chat_body(*(data_url(image_bytes(56, 56, seed=i)) for i in range(2)))
+    refused(pipeline(limit_mm_per_prompt={"image": {"count": 1}}), body)
