@@ -158,20 +158,28 @@ def _axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArra
     return np.minimum(index, in_size - 1), fixed, precision
 
 
+_BLOCK = 32  # output rows per step: the int32 accumulators stay in cache
+
+
 def _resample(image: NDArray[np.uint8], axis: int, out_size: int) -> NDArray[np.uint8]:
     index, weights, precision = _axis_weights(image.shape[axis], out_size)
     # Resampled axis first and contiguous, so every tap gathers whole uint8 rows.
     moved = np.ascontiguousarray(np.moveaxis(image, axis, 0))
     rows = moved.reshape(moved.shape[0], -1)
-    acc = np.full((out_size, rows.shape[1]), 1 << (precision - 1), dtype=np.int32)
+    out = np.empty((out_size, rows.shape[1]), dtype=np.uint8)
+    acc = np.empty((_BLOCK, rows.shape[1]), dtype=np.int32)
     term = np.empty_like(acc)
-    for tap in range(index.shape[1]):
-        np.multiply(rows[index[:, tap]], weights[:, tap, None], out=term)
-        acc += term
-    acc >>= precision
-    np.clip(acc, 0, 255, out=acc)
-    out = acc.astype(np.uint8).reshape(out_size, *moved.shape[1:])
-    return np.moveaxis(out, 0, axis)
+    for start in range(0, out_size, _BLOCK):
+        stop = min(out_size, start + _BLOCK)
+        block, tmp = acc[: stop - start], term[: stop - start]
+        block.fill(1 << (precision - 1))
+        for tap in range(index.shape[1]):
+            np.multiply(rows[index[start:stop, tap]], weights[start:stop, tap, None], out=tmp)
+            block += tmp
+        block >>= precision
+        np.clip(block, 0, 255, out=block)
+        out[start:stop] = block
+    return np.moveaxis(out.reshape(out_size, *moved.shape[1:]), 0, axis)
 
 
 def resize_bicubic_u8(image: NDArray[np.uint8], height: int, width: int) -> NDArray[np.uint8]:
