@@ -41,6 +41,9 @@ IMAGE_PART_TYPES = frozenset({"image_url"})
 DEFAULT_IMAGE_LIMIT = 999  # vLLM's per-prompt default for each modality
 _WHITE = (255, 255, 255)
 _IO_KEYS = frozenset({"rgba_background_color"})
+# Data URLs up to this size are decoded on the event loop (well under a millisecond);
+# larger ones go to the media pool.
+_INLINE_DATA_URL = 1 << 20
 
 
 class ImagePart(msgspec.Struct, frozen=True, kw_only=True):
@@ -273,6 +276,8 @@ class MediaPipeline:
         url = part.url or ""
         try:
             if url.startswith("data:"):
+                if len(url) <= _INLINE_DATA_URL:
+                    return decode_data_url(url)
                 # Large payloads: base64 decoding stays off the event loop too.
                 return await self._in_pool(part, decode_data_url, url)
             if url.startswith(("http://", "https://")):
