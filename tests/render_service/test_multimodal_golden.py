@@ -18,6 +18,8 @@ import pytest
 
 from render_service.cli import parse_settings
 from render_service.multimodal.serialize import decode_item
+from render_service.protocol._base import convert
+from render_service.protocol.tokenize import TokenizeChatRequest
 from render_service.render import Renderer
 from tests.golden import MODELS, case_files, load_case, needs_shared
 
@@ -74,3 +76,10 @@ def test_features_match_vllm(path: Path) -> None:
 
 def test_the_corpus_has_image_cases() -> None:
     assert len(CASES) >= 9
+
+
+def test_tokenize_expands_images_like_render() -> None:
+    case = load_case(next(p for p in CASES if p.stem == "image_multi_turn"))
+    request = convert({"messages": case["request"]["messages"]}, TokenizeChatRequest, "body")
+    result = renderer().tokenize(request)
+    assert result["tokens"] == case["response"]["token_ids"]
