@@ -67,7 +67,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(cmd: list[str], port: int, env: dict[str, str], cwd: Path) -> Iterator[str]:
+def server(cmd: list[str], port: int, env: dict[str, str], cwd: Path) -> Iterator[tuple[str, int]]:
     (REPO / "bench" / ".work").mkdir(exist_ok=True)
     log = open(REPO / "bench" / ".work" / f"mm-server-{port}.log", "wb")  # noqa: SIM115
     process = subprocess.Popen(
@@ -92,7 +92,7 @@ def server(cmd: list[str], port: int, env: dict[str, str], cwd: Path) -> Iterato
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not healthy: see {log.name}")
             time.sleep(0.3)
-        yield url
+        yield url, process.pid
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         try:
@@ -101,6 +101,20 @@ def server(cmd: list[str], port: int, env: dict[str, str], cwd: Path) -> Iterato
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
         log.close()
+
+
+def session_cpu(session: int) -> float:
+    """CPU seconds used so far by every live process of a session (server + its workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
 
 
 def timed_post(client: httpx.Client, body: dict[str, Any]) -> float:
@@ -122,7 +136,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
-def run_server(url: str, args: argparse.Namespace, seeds: Iterator[int]) -> dict[str, Any]:
+def run_server(
+    url: str, session: int, args: argparse.Namespace, seeds: Iterator[int]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with httpx.Client(base_url=url, timeout=120) as client:
         for _ in range(5):
@@ -135,7 +151,9 @@ def run_server(url: str, args: argparse.Namespace, seeds: Iterator[int]) -> dict
                 image_request([photo_like(next(seeds)) for _ in range(count)])
                 for _ in range(args.requests)
             ]
+            cpu = session_cpu(session)
             out[f"serial_{count}"] = [timed_post(client, b) for b in bodies]
+            out[f"cpu_{count}"] = (session_cpu(session) - cpu) / len(bodies)
             bodies = [
                 image_request([photo_like(next(seeds)) for _ in range(count)])
                 for _ in range(args.requests)
@@ -221,8 +239,8 @@ def main() -> None:
         str(args.media_num_workers),
     ]
     env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    with server(ours, port, env, MODELS) as url:
-        report("render-service", run_server(url, args, seeds))
+    with server(ours, port, env, MODELS) as (url, pid):
+        report("render-service", run_server(url, pid, args, seeds))
     if args.peer:
         port = free_port()
         peer = [
@@ -236,8 +254,8 @@ def main() -> None:
             str(port),
         ]
         peer_env = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-        with server(peer, port, peer_env, MODELS) as url:
-            report("vLLM 0.33.0 launch render", run_server(url, args, seeds))
+        with server(peer, port, peer_env, MODELS) as (url, pid):
+            report("vLLM 0.33.0 launch render", run_server(url, pid, args, seeds))
 
 
 if __name__ == "__main__":
