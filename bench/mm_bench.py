@@ -206,7 +206,8 @@ def report(name: str, result: dict[str, Any]) -> None:
         )
     for count in (1, 4):
         print(
-            f"throughput with {count} image(s)/request: {result[f'throughput_{count}']:.2f} req/s"
+            f"{count} image(s)/request: throughput {result[f'throughput_{count}']:.2f} req/s, "
+            f"server CPU {result[f'cpu_{count}'] * 1000:.0f} ms per request (serial phase)"
         )
     print(
         f"text mean alone {statistics.mean(result['text_alone']) * 1000:.1f} ms, "
