@@ -169,6 +169,13 @@ class MediaPipeline:
         except ValueError as exc:
             raise part.error(str(exc)) from exc
 
+    @staticmethod
+    def _rows(part: ImagePart, data: bytes, max_pixels: int, vision: VisionConfig) -> int:
+        try:
+            return work.patch_rows(data, max_pixels, vision)
+        except ValueError as exc:
+            raise part.error(str(exc)) from exc
+
     @classmethod
     def for_model(cls, model_path: str, model_id: str, settings: Settings) -> MediaPipeline | None:
         vision = VisionConfig.from_model_dir(model_path)
@@ -238,14 +245,13 @@ class MediaPipeline:
         slices = None
         if getattr(request, "mm_payload", "tensors") != "none":
             # Every item records the rows of all items of the request (vLLM's layout), so the
-            # row counts come first, from the image headers.
-            rows = await asyncio.gather(
-                *(
-                    self._in_pool(part, work.patch_rows, data, max_pixels, vision)
-                    for part, data in zip(parts, payloads, strict=True)
-                )
-            )
-            slices = serialize.batch_slices(list(rows))
+            # row counts come first, from the image headers (a header parse takes microseconds,
+            # less than a trip to a worker).
+            rows = [
+                self._rows(part, data, max_pixels, vision)
+                for part, data in zip(parts, payloads, strict=True)
+            ]
+            slices = serialize.batch_slices(rows)
         jobs = [
             work.Job(
                 data=data,

@@ -2,7 +2,7 @@
 
 One item is a map from field name to ``{"data": [dtype, shape, Ext(3, raw bytes)],
 "field": [kind, options]}``; tensors are always inline (vLLM encodes with an infinite size
-threshold) and the whole item is base64'd. ``pixel_values`` is a ``flat`` field whose
+threshold) and the whole item is base64'd on the wire. ``pixel_values`` is a ``flat`` field whose
 ``slices`` list the rows of *every* item processed in the same batch (vLLM's layout, kept as
 is); ``image_grid_thw`` is ``batched`` and kept on CPU, which is why it alone forms
 ``mm_metadata``.
@@ -56,11 +56,14 @@ def batch_slices(row_counts: list[int]) -> Slices:
     return out
 
 
-def encode_item(fields: dict[str, Any]) -> str:
-    return base64.b64encode(_encoder.encode(fields)).decode("ascii")
+def encode_item(fields: dict[str, Any]) -> bytes:
+    """The item's msgpack bytes. They stay bytes until the response is written: msgspec's
+    JSON encoder writes bytes as base64 text (what vLLM sends), and bytes cross a process
+    boundary faster than the 4/3-longer string."""
+    return _encoder.encode(fields)
 
 
-def decode_item(data: str) -> dict[str, dict[str, Any]]:
+def decode_item(data: str | bytes) -> dict[str, dict[str, Any]]:
     """Decode one item to ``{field: {"array": ndarray, "field": [kind, options]}}`` (for tests)."""
 
     def ext(code: int, raw: memoryview) -> bytes:
@@ -68,7 +71,8 @@ def decode_item(data: str) -> dict[str, dict[str, Any]]:
             raise ValueError(f"unexpected msgpack extension {code}")
         return bytes(raw)
 
-    item = msgspec.msgpack.decode(base64.b64decode(data), ext_hook=ext)
+    raw = base64.b64decode(data) if isinstance(data, str) else data
+    item = msgspec.msgpack.decode(raw, ext_hook=ext)
     out = {}
     for name, elem in item.items():
         dtype, shape, raw = elem["data"]

@@ -24,8 +24,8 @@ class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
 
     mm_hash: str
     num_tokens: int
-    kwargs_data: str | None
-    mm_metadata: str | None
+    kwargs_data: bytes | None  # msgpack; JSON-encoded as base64 text
+    mm_metadata: bytes | None
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,7 +45,7 @@ def ready() -> None:
 
 
 def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:
-    """How many patch rows the image will have, from its header alone (no pixel decoding)."""
+    """How many patch rows the image will have, from its header alone (cheap: run inline)."""
     width, height = open_header(data, max_pixels)
     try:
         resized_h, resized_w = smart_resize(height, width, vision)
