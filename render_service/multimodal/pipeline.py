@@ -33,6 +33,8 @@ from render_service.multimodal.fetch import (
 )
 from render_service.multimodal.qwen2_vl import VisionConfig
 from render_service.multimodal.work import MediaItem
+from render_service.protocol._base import convert
+from render_service.protocol.chat import ChatCompletionRequest
 from render_service.settings import Settings
 
 T = TypeVar("T")
@@ -228,6 +230,7 @@ class MediaPipeline:
 
     async def prepare(self, request: Any) -> MediaBatch | None:
         """Fetch and process the request's images; None when it has none."""
+        request = _as_request(request)
         if not self.has_images(request):
             self._request_kwargs(request)
             return None
@@ -273,6 +276,7 @@ class MediaPipeline:
 
     def prepare_blocking(self, request: Any) -> MediaBatch | None:
         """``prepare`` for callers without an event loop (library use, worker threads)."""
+        request = _as_request(request)
         if not self.has_images(request):
             self._request_kwargs(request)
             return None
@@ -297,6 +301,13 @@ class MediaPipeline:
         except (ValueError, OSError) as exc:
             raise part.error(str(exc)) from exc
         raise part.error("image URLs must be data:, http(s): or file: URLs")
+
+
+def _as_request(request: Any) -> Any:
+    """Library callers may pass a plain dict, as ``Renderer.render_chat`` allows."""
+    if isinstance(request, dict):
+        return convert(request, ChatCompletionRequest, "body")
+    return request
 
 
 def _image_limit(limits: dict[str, Any] | None) -> int:
