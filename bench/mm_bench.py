@@ -222,6 +222,7 @@ def main() -> None:
     parser.add_argument("--text-requests", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--media-num-workers", type=int, default=2)
+    parser.add_argument("--media-executor", choices=["process", "thread"], default="process")
     parser.add_argument("--peer", default=None, help="path of the peer's `vllm` executable")
     args = parser.parse_args()
     seeds = iter(range(10**9))
@@ -238,6 +239,8 @@ def main() -> None:
         "1",
         "--media-num-workers",
         str(args.media_num_workers),
+        "--media-executor",
+        args.media_executor,
     ]
     env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     with server(ours, port, env, MODELS) as (url, pid):
