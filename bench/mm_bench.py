@@ -222,7 +222,7 @@ def main() -> None:
     parser.add_argument("--text-requests", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--media-num-workers", type=int, default=2)
-    parser.add_argument("--media-executor", choices=["process", "thread"], default="process")
+    parser.add_argument("--media-executor", choices=["process", "thread"], default="thread")
     parser.add_argument("--peer", default=None, help="path of the peer's `vllm` executable")
     args = parser.parse_args()
     seeds = iter(range(10**9))

@@ -90,8 +90,8 @@ def _media_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--media-executor",
         choices=["process", "thread"],
-        default="process",
-        help="run image work in worker processes (default) or threads",
+        default="thread",
+        help="run image work in threads (default) or worker processes",
     )
     _bool_flag(
         serve,

@@ -36,7 +36,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     media_io_kwargs: dict[str, dict[str, Any]] | None = None
     allowed_local_media_path: str | None = None
     media_num_workers: int = 1
-    media_executor: Literal["process", "thread"] = "process"
+    media_executor: Literal["process", "thread"] = "thread"
     allow_private_media_urls: bool = False
     media_fetch_timeout: float = 5.0
     max_media_bytes: int = 20 * 1024 * 1024

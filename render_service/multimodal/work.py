@@ -1,9 +1,9 @@
 """The CPU-heavy image steps, as plain functions of picklable values.
 
-They run in the media pool, which by default is a pool of processes: decoding, resizing and
-serializing hold the GIL for long stretches, and in a separate process they cannot delay the
-event loop or text renders (a crash in an image decoder also stays in the worker). Errors are
-``ValueError`` with a client-facing reason; the caller adds which message and part failed.
+They run in the media pool: threads by default (numpy and Pillow release the GIL for the heavy
+steps), or processes with ``--media-executor process`` (nothing can hold the server's GIL, and a
+crash in an image decoder stays in the worker). Errors are ``ValueError`` with a client-facing
+reason; the caller adds which message and part failed.
 """
 
 from __future__ import annotations
