@@ -4,7 +4,7 @@ Two stages, so that image work never holds up text renders:
 
 1. ``MediaPipeline.prepare`` (async, before rendering): fetches every image part on the event
    loop, then decodes, preprocesses, hashes and serializes the items in the media pool (its own
-   threads, ``--media-num-workers``). The result is a ``MediaBatch``.
+   threads or processes, ``--media-num-workers``). The result is a ``MediaBatch``.
 2. ``MediaBatch.expand`` (inside the ordinary render, after tokenization): each
    ``<|image_pad|>`` the chat template emitted becomes as many pads as the image has tokens,
    and the ``features`` dict is assembled around the new ids.
@@ -115,11 +115,13 @@ def image_parts(messages: list[dict[str, Any]]) -> list[ImagePart]:
             url = image_url.get("url") if isinstance(image_url, dict) else image_url
             uuid = part.get("uuid")
             item = ImagePart(
-                message=m, part=p, url=url if isinstance(url, str) else None, uuid=None
+                message=m,
+                part=p,
+                url=url if isinstance(url, str) else None,
+                uuid=uuid if isinstance(uuid, str) else None,
             )
-            if uuid is not None and not isinstance(uuid, str):
+            if uuid is not None and item.uuid is None:
                 raise item.error("uuid must be a string")
-            item = msgspec.structs.replace(item, uuid=uuid)
             if item.url is None:
                 raise item.error(
                     "image_url.url is required (items referenced only by uuid need a processor "
