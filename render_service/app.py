@@ -13,15 +13,23 @@ from typing import Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from render_service import __version__
+from render_service import __version__, lifecycle, metrics
+from render_service.derender import Derenderer, build_derenderer
 from render_service.errors import BodyTooLarge, RenderServiceError, SchemaError
 from render_service.protocol._base import decode_body
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
+from render_service.protocol.derender import (
+    DerenderChatRequest,
+    DerenderChatStreamRequest,
+    DerenderCompletionRequest,
+    DerenderCompletionStreamRequest,
+)
 from render_service.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -38,6 +46,19 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 _tokenize_chat_decoder = msgspec.json.Decoder(TokenizeChatRequest)
 _tokenize_prompt_decoder = msgspec.json.Decoder(TokenizeCompletionRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+_derender_chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
+_derender_chat_stream_decoder = msgspec.json.Decoder(DerenderChatStreamRequest)
+_derender_cmpl_decoder = msgspec.json.Decoder(DerenderCompletionRequest)
+_derender_cmpl_stream_decoder = msgspec.json.Decoder(DerenderCompletionStreamRequest)
+
+
+class _StreamFlag(msgspec.Struct):
+    """Just the ``stream`` field, to pick the batch or streaming derender body type."""
+
+    stream: Any = False
+
+
+_stream_flag_decoder = msgspec.json.Decoder(_StreamFlag)
 _GUARDED_PREFIXES = ("/v1", "/v2", "/inference")
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
@@ -64,8 +85,15 @@ def error_response(exc: RenderServiceError) -> Response:
 class Service:
     """Request handlers bound to one Renderer and one worker pool."""
 
-    def __init__(self, renderer: Renderer, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(
+        self,
+        renderer: Renderer,
+        derenderer: Derenderer,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
         self.renderer = renderer
+        self.derenderer = derenderer
         self.settings = renderer.settings
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(
@@ -77,7 +105,7 @@ class Service:
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """The one place CPU work leaves the event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self.pool, metrics.in_pool(partial(fn, *args, **kwargs)))
 
     async def body(self, request: Request) -> bytes:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -117,6 +145,7 @@ class Service:
             request_id=request.headers.get("x-request-id"),
             media=media,
         )
+        metrics.observe_render((result,))
         return MsgspecResponse(result)
 
     async def render_completion(self, request: Request) -> Response:
@@ -125,17 +154,41 @@ class Service:
         result = await self.run(
             self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
         )
+        metrics.observe_render(result)
+        return MsgspecResponse(result)
+
+    async def derender_chat(self, request: Request) -> Response:
+        data = await self.body(request)
+        if decode_body(data, _stream_flag_decoder).stream is True:
+            stream_body = decode_body(data, _derender_chat_stream_decoder)
+            return self.derendered(
+                stream_body, await self.run(self.derenderer.derender_chat_stream, stream_body)
+            )
+        body = decode_body(data, _derender_chat_decoder)
+        return self.derendered(body, await self.run(self.derenderer.derender_chat, body))
+
+    async def derender_completion(self, request: Request) -> Response:
+        data = await self.body(request)
+        if decode_body(data, _stream_flag_decoder).stream is True:
+            stream_body = decode_body(data, _derender_cmpl_stream_decoder)
+            return self.derendered(
+                stream_body, await self.run(self.derenderer.derender_completion_stream, stream_body)
+            )
+        body = decode_body(data, _derender_cmpl_decoder)
+        return self.derendered(body, await self.run(self.derenderer.derender_completion, body))
+
+    def derendered(self, body: Any, result: Any) -> Response:
+        metrics.observe_derender(body, self.derenderer.cache)
         return MsgspecResponse(result)
 
     async def tokenize(self, request: Request) -> Response:
         data = await self.body(request)
         raw = decode_body(data, _any_decoder)
-        decoder = (
-            _tokenize_chat_decoder
-            if isinstance(raw, dict) and "messages" in raw
-            else _tokenize_prompt_decoder
-        )
-        body = decode_body(data, decoder)
+        body: TokenizeChatRequest | TokenizeCompletionRequest
+        if isinstance(raw, dict) and "messages" in raw:
+            body = decode_body(data, _tokenize_chat_decoder)
+        else:
+            body = decode_body(data, _tokenize_prompt_decoder)
         return MsgspecResponse(await self.run(self.renderer.tokenize, body))
 
     async def detokenize(self, request: Request) -> Response:
@@ -159,6 +212,10 @@ class Service:
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness, unlike /health (liveness): 503 once a graceful shutdown has begun."""
+        return Response(status_code=503 if lifecycle.draining() else 200)
 
     async def version(self, request: Request) -> Response:
         return MsgspecResponse({"version": __version__})
@@ -221,18 +278,28 @@ def build_app(renderer: Renderer) -> Starlette:
     """The Starlette application for one model."""
     import time
 
-    service = Service(renderer, max_body_bytes=renderer.settings.max_body_bytes)
+    service = Service(
+        renderer, build_derenderer(renderer), max_body_bytes=renderer.settings.max_body_bytes
+    )
     service.created = int(time.time())
     g = service.guarded
     routes = [
         Route("/v1/chat/completions/render", g(service.render_chat), methods=["POST"]),
         Route("/v1/completions/render", g(service.render_completion), methods=["POST"]),
+        Route("/v1/chat/completions/derender", g(service.derender_chat), methods=["POST"]),
+        Route("/v1/completions/derender", g(service.derender_completion), methods=["POST"]),
         Route("/tokenize", g(service.tokenize), methods=["POST"]),
         Route("/detokenize", g(service.detokenize), methods=["POST"]),
         Route("/v1/models", g(service.models), methods=["GET"]),
         Route("/health", service.health, methods=["GET"]),
         Route("/version", service.version, methods=["GET"]),
+        Route("/ready", service.ready, methods=["GET"]),
+        Route("/metrics", metrics.metrics_endpoint, methods=["GET"]),
     ]
-    app = Starlette(routes=routes)
+    metrics.pool_size(max(1, renderer.settings.renderer_num_workers))
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
+    )
     app.state.service = service
     return app

@@ -29,7 +29,10 @@ def _bool_flag(parser: argparse.ArgumentParser, name: str, help_text: str) -> No
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="render-service", description=__doc__)
+    # "@FILE" reads more arguments from FILE, one per line (how docker/k8s passes a ConfigMap).
+    parser = argparse.ArgumentParser(
+        prog="render-service", description=__doc__, fromfile_prefix_chars="@"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="serve one model over HTTP")
     serve.add_argument(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,13 +62,12 @@ def resolve_model_path(model: str) -> Path:
         return local.resolve()
     from huggingface_hub import snapshot_download
 
+    # The hub client honours HF_HUB_OFFLINE itself: offline it answers from the local cache only.
     try:
-        return Path(
-            snapshot_download(model, local_files_only=os.environ.get("HF_HUB_OFFLINE") != "0")
-        )
+        return Path(snapshot_download(model))
     except Exception as exc:  # the hub client raises many types; all mean "not available here"
         raise FileNotFoundError(
-            f"model {model!r} is neither a directory nor in the local hub cache"
+            f"model {model!r} is neither a directory nor in the hub cache"
         ) from exc
 
 

@@ -31,6 +31,7 @@ from render_service.sampling import (
     structured_outputs,
 )
 from render_service.settings import Settings
+from render_service.tokenizing import SegmentEncoder
 
 # vLLM always merges its Cohere-only ``--cohere-format`` default into chat_template_kwargs.
 _VLLM_DEFAULT_TEMPLATE_KWARGS = {"cohere_format": "cmd4"}
@@ -52,6 +53,7 @@ class Renderer:
         self.model = model
         self.settings = settings
         self.parsing = ParsingSetup.create(model, settings)
+        self._segments = SegmentEncoder(model.backend, settings.segment_cache_entries)
         self.multimodal = MediaPipeline.for_model(model.info.path, settings.model, settings)
         template = model.info.chat_template
         self._content_format = (
@@ -156,11 +158,7 @@ class Renderer:
             request, max_tokens, logprobs, request.prompt_logprobs, skip_special, structured
         )
         reasoning_ended = hints.reasoning_ended
-        if (
-            self.parsing is not None
-            and self.parsing.has_reasoning
-            and not request.include_reasoning
-        ):
+        if not request.include_reasoning:
             reasoning_ended = True
         base_id = request_id or request.request_id or checks.random_request_id()
         kv_params = (
@@ -304,9 +302,13 @@ class Renderer:
         side: str | None,
         want_offsets: bool,
     ) -> Prompt:
-        encoding = self.model.backend.encode(text, add_special_tokens=add_special_tokens)
-        ids = list(encoding.ids)
-        offsets = [tuple(o) for o in encoding.offsets] if want_offsets else None
+        offsets: list[tuple[int, int]] | None = None
+        if add_special_tokens or want_offsets:
+            encoding = self.model.backend.encode(text, add_special_tokens=add_special_tokens)
+            ids = list(encoding.ids)
+            offsets = [(start, end) for start, end in encoding.offsets] if want_offsets else None
+        else:
+            ids = self._segments.encode(text)
         if truncate is not None:
             keep = self.model.info.max_model_len if truncate == -1 else truncate
             if keep < len(ids):
@@ -314,7 +316,7 @@ class Renderer:
                 ids = ids[cut]
                 offsets = offsets[cut] if offsets is not None else None
         self._check_prompt_length(len(ids))
-        return Prompt(ids, offsets)  # type: ignore[arg-type]
+        return Prompt(ids, offsets)
 
     def _check_prompt_length(self, length: int) -> None:
         limit = self.model.info.max_model_len

@@ -76,8 +76,9 @@ def resolve_tool_choice(request: ChatCompletionRequest) -> str | dict[str, Any]:
 def named_tool(choice: str | dict[str, Any]) -> str | None:
     if isinstance(choice, dict):
         function = choice.get("function")
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            return function["name"]
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str):
+            return name
         raise invalid_param(
             "Invalid tool_choice: expected {'type': 'function', 'function': {'name': ...}}",
             "tool_choice",

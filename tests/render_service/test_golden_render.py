@@ -27,7 +27,7 @@ DIRECTORIES = [
     "qwen2.5-vl",
 ]
 # Fields that need the parsers issue, compared once render_service.parsing is wired to parsers/.
-PARSER_FIELDS = ("reasoning_ended",)
+PARSER_FIELDS: tuple[str, ...] = ()
 
 
 @cache

@@ -1,0 +1,81 @@
+"""Micro-benchmark: parser cost per chunk stays flat as the stream grows.
+
+Feeds 1-token chunks (text given, so detokenization is not measured) after a short prefix that
+puts each parser in the phase under test, for streams of 100 to 100,000 tokens, and prints
+the mean cost per chunk and tokens/s. Not a test: run it by hand.
+
+    PYTHONPATH=. python bench/parsers_bench.py
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from parsers import ChatParser, ParseRequest, TokenizerFacts, build_chat_parser
+
+# Qwen-family marker ids; the filler id is an ordinary token.
+FACTS = TokenizerFacts.from_added_tokens(
+    {
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<think>": 151667,
+        "</think>": 151668,
+    },
+    special_ids=[151644, 151645],
+)
+FILLER = (3409, " word")
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+REQUEST = ParseRequest(tools=TOOLS, enable_auto_tools=True)
+
+# (label, reasoning parser, tool parser, prefix chunks putting the parser in the phase measured)
+SCENARIOS: list[tuple[str, str | None, str | None, list[tuple[list[int], str]]]] = [
+    ("qwen3 reasoning", "qwen3", "hermes", [([151667], "<think>")]),
+    ("qwen3 content", "qwen3", "hermes", [([151668], "</think>")]),
+    ("deepseek_r1 reasoning", "deepseek_r1", None, []),
+    (
+        "hermes arguments",
+        None,
+        "hermes",
+        [([151657], "<tool_call>"), ([1, 2], '{"name": "f", "arguments": {"k": "')],
+    ),
+    (
+        "qwen3_coder arguments",
+        None,
+        "qwen3_coder",
+        [([151657], "<tool_call>"), ([1, 2], "<function=f>\n<parameter=k>\n")],
+    ),
+]
+SIZES = (100, 1_000, 10_000, 100_000)
+
+
+def per_chunk_seconds(parser: ChatParser, prefix: Sequence[tuple[list[int], str]], n: int) -> float:
+    state = parser.start([151644, 77091, 198])
+    for ids, text in prefix:
+        state, _ = parser.feed(state, ids, text)
+    ids, text = [FILLER[0]], FILLER[1]
+    feed = parser.feed
+    start = time.perf_counter()
+    for _ in range(n):
+        state, _ = feed(state, ids, text)
+    elapsed = time.perf_counter() - start
+    parser.finish(state)
+    return elapsed / n
+
+
+def main() -> None:
+    header = f"{'parser / phase':<24}" + "".join(f"{f'{n:,} tok':>14}" for n in SIZES)
+    print("mean µs per 1-token chunk (tokens/s at 100,000)")
+    print(header)
+    for label, reasoning, tool, prefix in SCENARIOS:
+        parser = build_chat_parser(reasoning, tool, FACTS, REQUEST)
+        assert parser is not None
+        costs = [per_chunk_seconds(parser, prefix, n) for n in SIZES]
+        cells = "".join(f"{c * 1e6:>14.2f}" for c in costs)
+        print(f"{label:<24}{cells}   ({1 / costs[-1]:,.0f} tok/s)")
+
+
+if __name__ == "__main__":
+    main()

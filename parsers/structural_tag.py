@@ -1,0 +1,203 @@
+"""What render must change in a request for the configured parsers (vLLM's `adjust_request`).
+
+vLLM 0.33 constrains tool calls with an xgrammar structural tag when the tool parser has a
+structural-tag model (strict tool calling is on by default). The JSON text is compared byte
+for byte with vLLM's, so it is built with `json.dumps` defaults, as vLLM serializes it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from parsers.request import ParseRequest
+
+if TYPE_CHECKING:
+    from parsers.reasoning import ReasoningConfig
+    from parsers.tools import ToolConfig
+
+__all__ = [
+    "RenderAdjustments",
+    "TagSpelling",
+    "json_call_format",
+    "render_adjustments",
+    "tool_tags_format",
+]
+
+STRICT_LEVELS = ("auto", "function", "parameter")
+
+
+class RenderAdjustments(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Changes to the rendered request's sampling params.
+
+    `skip_special_tokens` None means "leave the request's value". A `structural_tag` goes to
+    `sampling_params.structured_outputs.structural_tag` and replaces `response_format`.
+    """
+
+    skip_special_tokens: bool | None = None
+    structural_tag: str | None = None
+
+
+class TagSpelling(msgspec.Struct, frozen=True):
+    """How one call of a family opens and closes around its arguments."""
+
+    begin: str  # may contain "{name}"
+    end: str
+
+
+def render_adjustments(
+    reasoning: ReasoningConfig | None,
+    tools: ToolConfig | None,
+    request: ParseRequest,
+    strict_level: str = "auto",
+) -> RenderAdjustments:
+    """The adjustments vLLM 0.33 applies for these parsers and this request."""
+    skip: bool | None = None
+    if reasoning is not None and reasoning.keeps_special_tokens:
+        skip = False
+    tag: str | None = None
+    if tools is not None and request.effective_tool_choice != "none":
+        if tools.keeps_special_tokens:
+            skip = False
+        tag = tools.structural_tag(request, strict_level)
+    return RenderAdjustments(skip_special_tokens=skip, structural_tag=tag)
+
+
+def tool_tags_format(
+    spellings: tuple[TagSpelling, ...],
+    trigger: str,
+    request: ParseRequest,
+    strict_level: str,
+) -> str | None:
+    """Structural tag JSON for a request with tools, or None when vLLM adds none.
+
+    Which functions and how strictly: see `_constrained_functions`.
+    """
+    constrained = _constrained_functions(request, strict_level)
+    if constrained is None:
+        return None
+    functions, level = constrained
+    choice = request.effective_tool_choice
+    parallel = request.parallel_tool_calls is not False
+    tags: list[dict[str, Any]] = []
+    for function in functions:
+        content = _json_content(function, level)
+        name = str(function.get("name", ""))
+        for spelling in spellings:
+            tags.append(
+                {
+                    "type": "tag",
+                    "begin": spelling.begin.replace("{name}", name),
+                    "content": content,
+                    "end": spelling.end,
+                }
+            )
+    fmt: dict[str, Any]
+    if choice == "auto":
+        fmt = {
+            "type": "triggered_tags",
+            "triggers": [trigger],
+            "tags": tags,
+            "at_least_one": False,
+            "stop_after_first": not parallel,
+            "excludes": [],
+        }
+    else:
+        fmt = {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": "",
+            "at_least_one": True,
+            "stop_after_first": choice == "named" or not parallel,
+        }
+    return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def json_call_format(
+    spelling: TagSpelling,
+    trigger: str,
+    excludes: list[str],
+    request: ParseRequest,
+    strict_level: str,
+) -> str | None:
+    """Structural tag JSON in the shape of xgrammar's builtin `llama` template, or None.
+
+    A named tool choice is the one tag itself; "auto" and "required" are triggered tags
+    (at least one for "required"); `parallel_tool_calls=false` stops after the first.
+    """
+    constrained = _constrained_functions(request, strict_level)
+    if constrained is None:
+        return None
+    functions, level = constrained
+    choice = request.effective_tool_choice
+    tags = [
+        {
+            "type": "tag",
+            "begin": spelling.begin.replace("{name}", str(function.get("name", ""))),
+            "content": _json_content(function, level),
+            "end": spelling.end,
+        }
+        for function in functions
+    ]
+    if choice == "named":
+        return json.dumps({"type": "structural_tag", "format": tags[0]}) if tags else None
+    fmt = {
+        "type": "triggered_tags",
+        "triggers": [trigger],
+        "tags": tags,
+        "at_least_one": choice == "required",
+        # Unverified against vLLM for "required": assumed to honour parallel_tool_calls too.
+        "stop_after_first": request.parallel_tool_calls is False,
+        "excludes": excludes,
+    }
+    return json.dumps({"type": "structural_tag", "format": fmt})
+
+
+def _constrained_functions(
+    request: ParseRequest, strict_level: str
+) -> tuple[list[dict[str, Any]], str] | None:
+    """The functions a structural tag must cover and the resolved strict level, or None.
+
+    Strictness: `auto` constrains nothing for tool_choice "auto" unless a tool is `strict`;
+    `parallel_tool_calls=false` raises the level to `function` (the envelope only);
+    `parameter`, or a `strict` tool, also pins the argument schema.
+    """
+    tools = request.tools or []
+    choice = request.effective_tool_choice
+    if not tools or choice == "none":
+        return None
+    level = strict_level
+    if request.parallel_tool_calls is False and level == "auto":
+        level = "function"
+    functions = [_function(tool) for tool in tools]
+    if choice == "auto" and level == "auto" and not any(f.get("strict") is True for f in functions):
+        return None
+    if choice == "named":
+        functions = [f for f in functions if f.get("name") == request.named_tool]
+    return functions, level
+
+
+def _json_content(function: dict[str, Any], level: str) -> dict[str, Any]:
+    return {
+        "type": "json_schema",
+        "json_schema": _schema(function, level),
+        "style": "json",
+        "any_order": False,
+        "max_whitespace_cnt": None,
+        "excludes": [],
+    }
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    function = tool.get("function")
+    return function if isinstance(function, dict) else {}
+
+
+def _schema(function: dict[str, Any], level: str) -> Any:
+    if level == "parameter" or function.get("strict") is True:
+        parameters = function.get("parameters")
+        # Unverified against vLLM: a pinned tool without parameters stays unconstrained.
+        return parameters if parameters is not None else True
+    return True

@@ -1,0 +1,114 @@
+"""Bodies of the derender endpoints: vLLM's generate responses in, OpenAI responses out (§4, §5)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from render_service.logprobs import GenerateLogProbs
+from render_service.protocol._base import Body
+
+TokenId = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class GenerateChoice(msgspec.Struct, kw_only=True):
+    index: int = 0
+    finish_reason: str | None = "stop"
+    stop_reason: int | str | None = None
+    token_ids: list[TokenId] | None = None
+    logprobs: GenerateLogProbs | None = None
+    routed_experts: str | None = None
+    sampling_mask: list[list[int]] | None = None
+    weight_versions: list[dict[str, Any]] | None = None
+
+
+class GenerateResponse(msgspec.Struct, kw_only=True):
+    """A non-streaming /inference/v1/generate answer (``output_mode`` must be "tokens")."""
+
+    request_id: str
+    choices: list[GenerateChoice]
+    model: str | None = None
+    created: int | None = None
+    output_mode: Literal["tokens"] = "tokens"
+    usage: dict[str, Any] | None = None
+    prompt_logprobs: Any = None
+    prompt_token_ids: list[TokenId] | None = None
+    metrics: Any = None
+    kv_transfer_params: dict[str, Any] | None = None
+    ec_transfer_params: dict[str, Any] | None = None
+
+
+class GenerateChunk(msgspec.Struct, kw_only=True):
+    """One SSE payload of a streaming /inference/v1/generate answer."""
+
+    request_id: str
+    choices: list[GenerateChoice]
+    usage: dict[str, Any] | None = None
+    output_mode: Literal["tokens"] = "tokens"
+    prompt_token_ids: list[TokenId] | None = None
+    metrics: Any = None
+
+
+class DerenderChatRequest(Body, kw_only=True):
+    stream: Literal[False] = False
+    model: str | None = None
+    generate_response: GenerateResponse
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    chat_request: dict[str, Any] | None = None
+
+
+class DerenderChatStreamRequest(Body, kw_only=True):
+    """One generate chunk plus the state the previous call returned (None on the first call).
+
+    Lean protocol: once a state is carried, ``prompt_token_ids`` and ``chat_request`` may be left out.
+    """
+
+    stream: Literal[True]
+    generate_chunk: GenerateChunk | None = None
+    model: str | None = None
+    stream_state: Any = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    chat_request: dict[str, Any] | None = None
+    #: Ours: several generate chunks of one choice, in order, in one call.
+    generate_chunks: list[GenerateChunk] | None = None
+
+
+class DerenderCompletionRequest(Body, kw_only=True):
+    stream: Literal[False] = False
+    model: str | None = None
+    generate_responses: list[GenerateResponse]
+    prompt_tokens: list[int] | None = None
+    prompt_token_ids: list[list[TokenId] | None] | None = None
+    completion_request: dict[str, Any] | None = None
+
+
+class DerenderCompletionStreamRequest(Body, kw_only=True):
+    stream: Literal[True]
+    generate_chunk: GenerateChunk
+    model: str | None = None
+    stream_state: Any = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[TokenId] | None = None
+    completion_request: dict[str, Any] | None = None
+
+
+class VllmStreamState(msgspec.Struct, kw_only=True):
+    """vLLM 0.33's own client-held state, accepted from clients switching over (history replayed)."""
+
+    prev_tokens: list[str] = msgspec.field(default_factory=list)
+    prefix_offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    read_offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    role_sent: bool = False
+    logprob_context_token_ids: Annotated[list[int], msgspec.Meta(max_length=4)] = msgspec.field(
+        default_factory=list
+    )
+    logprob_text_offset: Annotated[int, msgspec.Meta(ge=0)] = 0
+    output_token_ids: list[TokenId] = msgspec.field(default_factory=list)
+    output_chunk_lens: list[Annotated[int, msgspec.Meta(gt=0)]] = msgspec.field(
+        default_factory=list
+    )
+    tools_streamed: bool = False
+    last_tool_call_ids: list[str] = msgspec.field(default_factory=list)

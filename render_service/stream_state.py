@@ -1,0 +1,184 @@
+"""The ``stream_state`` envelope: a versioned, size-bounded, HMAC-signed token for a Struct.
+
+Wire layout, then base64url without padding::
+
+    version (1 byte) | flags (1 byte) | msgpack payload, raw-deflated if flags & 1 | tag (16 bytes)
+
+The tag is HMAC-SHA256 over everything before it, keyed by a key derived from the shared secret and
+the caller's *context* (a fingerprint of model, parser config and derender-relevant flags), so a
+state issued for another model, configuration or secret fails verification. An optional per-call
+``bind`` (e.g. request id and choice index) is authenticated too but not carried, so a state
+replayed into another request or choice fails as well.
+
+The tag is truncated to 128 bits: a forger must guess it online, one request per guess, and
+2**-128 per guess is far beyond reach, while each chunk saves 22 characters (NIST SP 800-107
+allows truncation to this length).
+
+The state is signed, not encrypted: a client can read it. It must never carry secrets.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import zlib
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from render_service.errors import StreamStateError
+
+__all__ = ["VERSION", "StateCodec", "random_secret"]
+
+#: Bumped whenever a state written by one build cannot be read by another.
+VERSION: Final = 1
+
+_FLAG_DEFLATE: Final = 0x01
+_HEADER: Final = 2
+_TAG: Final = 16
+# Raw deflate (no zlib header or checksum): the MAC already guards integrity. States are small, so
+# a 4 KiB window and memLevel 4 compress as well as the defaults at a tenth of the setup cost;
+# inflating with the largest window reads any window size.
+_DEFLATE_WBITS: Final = -12
+_DEFLATE_MEMLEVEL: Final = 4
+_INFLATE_WBITS: Final = -15
+# Below this many payload bytes deflate rarely wins, so it is not even tried.
+_DEFLATE_MIN: Final = 768
+# A verified payload inflates to at most this multiple of max_bytes (a bound on our own output).
+_INFLATE_FACTOR: Final = 16
+_KEY_LABEL: Final = b"render-service/stream_state\x00"
+_PARAM: Final = "stream_state"
+
+T = TypeVar("T")
+
+# msgspec's Encoder is type-agnostic; decoders are built once per state type and reused.
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def _decoder(type_: type[T]) -> msgspec.msgpack.Decoder[T]:
+    dec = _DECODERS.get(type_)
+    if dec is None:
+        # A race here only builds the same decoder twice.
+        dec = _DECODERS.setdefault(type_, msgspec.msgpack.Decoder(type_))
+    return dec
+
+
+def _fail(message: str) -> StreamStateError:
+    return StreamStateError(message, _PARAM)
+
+
+def random_secret() -> bytes:
+    """A fresh 32-byte secret for a process run without one: its states verify only there."""
+    return secrets.token_bytes(32)
+
+
+class StateCodec:
+    """Encodes Structs into signed ``stream_state`` tokens and verifies them back.
+
+    ``secret`` is shared by every replica that may continue a stream (use 32 random bytes);
+    ``context`` fingerprints what makes a state meaningful; ``max_bytes`` bounds the token length,
+    checked before any other work on decode. Thread-safe: it is never mutated after construction.
+    """
+
+    __slots__ = ("_mac", "_max_payload", "max_bytes")
+
+    def __init__(self, secret: bytes, context: bytes, max_bytes: int = 8192) -> None:
+        if not secret:
+            raise ValueError("the stream_state secret must not be empty")
+        if max_bytes < _HEADER + _TAG + 8:
+            raise ValueError(f"max_bytes={max_bytes} is too small for a stream_state")
+        key = hmac.digest(secret, _KEY_LABEL + context, "sha256")
+        # Keyed once; each tag copies it, which skips re-deriving the HMAC pads per call.
+        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self._max_payload = max_bytes * _INFLATE_FACTOR
+        self.max_bytes = max_bytes
+
+    def encode(self, value: msgspec.Struct, bind: bytes = b"") -> str:
+        """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``.
+
+        ``decode`` must be given the same ``bind``.
+        """
+        payload = _ENCODER.encode(value)
+        if len(payload) > self._max_payload:
+            raise _fail(f"stream state is {len(payload)} bytes, over the limit of this server")
+        flags = 0
+        if len(payload) >= _DEFLATE_MIN:
+            deflater = zlib.compressobj(6, zlib.DEFLATED, _DEFLATE_WBITS, _DEFLATE_MEMLEVEL)
+            packed = deflater.compress(payload) + deflater.flush()
+            if len(packed) < len(payload):
+                payload, flags = packed, _FLAG_DEFLATE
+        body = bytes((VERSION, flags)) + payload
+        raw = body + self._tag(bind, body)
+        token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+        if len(token) > self.max_bytes:
+            raise _fail(
+                f"stream state would be {len(token)} characters, over the limit of {self.max_bytes}"
+            )
+        return token
+
+    def decode(self, token: object, type_: type[T], bind: bytes = b"") -> T:
+        """The value inside ``token``, verified; StreamStateError (400) for anything untrusted."""
+        if not isinstance(token, str):
+            raise _fail(f"stream_state must be a string, not {type(token).__name__}")
+        if len(token) > self.max_bytes:
+            raise _fail(f"stream_state is {len(token)} characters; the limit is {self.max_bytes}")
+        raw = _b64decode(token)
+        if len(raw) < _HEADER + _TAG:
+            raise _fail("stream_state is truncated")
+        if raw[0] != VERSION:
+            raise _fail(
+                f"stream_state has version {raw[0]}, which this server does not support "
+                f"(it reads version {VERSION}); restart the stream"
+            )
+        body, tag = raw[:-_TAG], raw[-_TAG:]
+        if not hmac.compare_digest(self._tag(bind, body), tag):
+            raise _fail(
+                "stream_state failed verification: it was altered or truncated, or was issued "
+                "for another request, model, configuration or secret"
+            )
+        payload = self._unpack(body[1], body[_HEADER:])
+        try:
+            return _decoder(type_).decode(payload)
+        except msgspec.DecodeError as exc:
+            raise _fail("stream_state does not hold a state this server can read") from exc
+
+    def _tag(self, bind: bytes, body: bytes) -> bytes:
+        mac = self._mac.copy()
+        # Length-prefixed, so no split of bind + body is ambiguous.
+        mac.update(len(bind).to_bytes(4, "little"))
+        mac.update(bind)
+        mac.update(body)
+        return mac.digest()[:_TAG]
+
+    def _unpack(self, flags: int, payload: bytes) -> bytes:
+        if flags == 0:
+            return payload
+        if flags != _FLAG_DEFLATE:
+            raise _fail(f"stream_state has unknown flags {flags:#04x}")
+        inflater = zlib.decompressobj(_INFLATE_WBITS)
+        try:
+            out = inflater.decompress(payload, self._max_payload)
+        except zlib.error as exc:
+            raise _fail("stream_state payload is corrupt") from exc
+        if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
+            raise _fail("stream_state payload is corrupt or too large")
+        return out
+
+
+def _b64decode(token: str) -> bytes:
+    """Strict base64url without padding: one spelling per byte string, or StreamStateError."""
+    if not token.isascii() or len(token) % 4 == 1:
+        raise _fail("stream_state is not valid base64url")
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise _fail("stream_state is not valid base64url") from exc
+    # The decoder skips foreign characters and ignores spare low bits; re-encoding catches both,
+    # so any change to the token string is rejected rather than silently normalised.
+    if base64.urlsafe_b64encode(raw).rstrip(b"=") != token.encode("ascii"):
+        raise _fail("stream_state is not valid base64url")
+    return raw

@@ -1,0 +1,91 @@
+"""The registry builds every family; names, errors, ids and the public API."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import parsers
+from parsers import (
+    ParseRequest,
+    TokenizerFacts,
+    UnknownParserError,
+    UnsupportedModelError,
+    build_chat_parser,
+    known_reasoning_parsers,
+    known_tool_parsers,
+    tool_call_id,
+)
+from parsers.registry import FAMILIES
+
+# The markers every registered family may need, with Qwen-like ids (no tokenizer needed).
+FACTS = TokenizerFacts.from_added_tokens(
+    {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<think>": 151667,
+        "</think>": 151668,
+        "<|python_tag|>": 128010,
+    },
+    special_ids=[151643, 151644, 151645],
+)
+REQUEST = ParseRequest(
+    tools=[{"type": "function", "function": {"name": "f"}}], enable_auto_tools=True
+)
+
+
+def test_vllm_names_registered() -> None:
+    assert set(known_reasoning_parsers()) >= {"qwen3", "deepseek_r1"}
+    assert set(known_tool_parsers()) >= {
+        "hermes",
+        "qwen3_coder",
+        "qwen3_xml",
+        "llama3_json",
+        "llama4_json",
+    }
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f"{f.kind}:{f.name}")
+def test_every_family_builds_and_parses(family: parsers.registry.ParserFamily) -> None:
+    reasoning = family.name if family.kind == "reasoning" else None
+    tool = family.name if family.kind == "tool" else None
+    parser = build_chat_parser(reasoning, tool, FACTS, REQUEST)
+    assert parser is not None
+    state = parser.start([151644, 77091, 198])
+    state, _ = parser.feed(state, [9707], "Hello")
+    parser.finish(state)
+
+
+def test_nothing_configured_gives_none() -> None:
+    assert build_chat_parser(None, None, FACTS, REQUEST) is None
+
+
+@pytest.mark.parametrize(("reasoning", "tool"), [("nope", None), (None, "nope"), ("hermes", None)])
+def test_unknown_name(reasoning: str | None, tool: str | None) -> None:
+    with pytest.raises(UnknownParserError, match="unknown"):
+        build_chat_parser(reasoning, tool, FACTS, REQUEST)
+    assert issubclass(UnknownParserError, ValueError)
+
+
+def test_missing_marker_token() -> None:
+    facts = TokenizerFacts.from_added_tokens({"<|im_end|>": 2})
+    with pytest.raises(UnsupportedModelError, match="<think>"):
+        build_chat_parser("qwen3", None, facts, REQUEST)
+
+
+def test_tool_call_id_deterministic() -> None:
+    first = tool_call_id("chatcmpl-abc", 0, 1)
+    assert first == tool_call_id("chatcmpl-abc", 0, 1)
+    assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{16}", first)
+    others = {tool_call_id("chatcmpl-abc", 0, 0), tool_call_id("chatcmpl-abc", 1, 1)}
+    assert first not in others
+
+
+def test_public_names_are_exactly_all() -> None:
+    public = {name for name in vars(parsers) if not name.startswith("_")}
+    modules = {name for name, value in vars(parsers).items() if type(value) is type(parsers)}
+    assert public - modules - {"annotations"} == set(parsers.__all__)
