@@ -146,8 +146,14 @@ class Service:
         data = await self.body(request)
         body = decode_body(data, _chat_decoder)
         self.limits.check_request(body)
+        # Images are fetched here and processed in the media pool, never in the render pool.
+        multimodal = self.renderer.multimodal
+        media = await multimodal.prepare(body) if multimodal is not None else None
         result = await self.run(
-            self.renderer.render_chat, body, request_id=request.headers.get("x-request-id")
+            self.renderer.render_chat,
+            body,
+            request_id=request.headers.get("x-request-id"),
+            media=media,
         )
         metrics.observe_render((result,))
         return MsgspecResponse(result)

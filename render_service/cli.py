@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024)
     serve.add_argument("--log-level", default="info")
     _add_limit_flags(serve)
+    _media_flags(serve)
     return parser
 
 
@@ -107,6 +108,51 @@ def _limit_settings(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
     return values
+
+
+def _media_flags(serve: argparse.ArgumentParser) -> None:
+    serve.add_argument(
+        "--limit-mm-per-prompt", type=_json_dict, default=None, help='e.g. {"image": 4}'
+    )
+    serve.add_argument("--mm-processor-kwargs", type=_json_dict, default=None)
+    serve.add_argument("--media-io-kwargs", type=_json_dict, default=None)
+    serve.add_argument(
+        "--allowed-local-media-path", default=None, help="directory that file: image URLs may read"
+    )
+    serve.add_argument(
+        "--media-num-workers", type=int, default=1, help="threads that decode and process images"
+    )
+    serve.add_argument(
+        "--media-executor",
+        choices=["process", "thread"],
+        default="thread",
+        help="run image work in threads (default) or worker processes",
+    )
+    _bool_flag(
+        serve,
+        "--allow-private-media-urls",
+        "fetch image URLs on loopback, private and link-local addresses",
+    )
+    serve.add_argument("--media-fetch-timeout", type=float, default=5.0, help="seconds")
+    serve.add_argument("--max-media-bytes", type=int, default=20 * 1024 * 1024)
+    serve.add_argument("--max-media-redirects", type=int, default=5)
+    serve.add_argument("--max-image-pixels", type=int, default=64_000_000)
+
+
+def _media_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "limit_mm_per_prompt": args.limit_mm_per_prompt,
+        "mm_processor_kwargs": args.mm_processor_kwargs,
+        "media_io_kwargs": args.media_io_kwargs,
+        "allowed_local_media_path": args.allowed_local_media_path,
+        "media_num_workers": args.media_num_workers,
+        "media_executor": args.media_executor,
+        "allow_private_media_urls": args.allow_private_media_urls,
+        "media_fetch_timeout": args.media_fetch_timeout,
+        "max_media_bytes": args.max_media_bytes,
+        "max_media_redirects": args.max_media_redirects,
+        "max_image_pixels": args.max_image_pixels,
+    }
 
 
 def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Settings:
@@ -143,6 +189,7 @@ def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None 
         max_logprobs=args.max_logprobs,
         max_body_bytes=args.max_body_bytes,
         **_limit_settings(args),
+        **_media_settings(args),
     )
 
 

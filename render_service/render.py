@@ -14,6 +14,7 @@ from render_service import requests as checks
 from render_service import templating
 from render_service.errors import InvalidRequest, ModelNotFound, SchemaError, invalid_param
 from render_service.model import Model, load_chat_template_arg, load_model
+from render_service.multimodal import IMAGE_PLACEHOLDER, MediaBatch, MediaPipeline
 from render_service.parsing import ParsingSetup, RenderHints
 from render_service.protocol._base import convert
 from render_service.protocol.chat import ChatCompletionRequest
@@ -43,6 +44,7 @@ class Prompt:
 
     token_ids: list[int]
     offsets: list[tuple[int, int]] | None = None
+    features: dict[str, Any] | None = None
 
 
 class Renderer:
@@ -53,6 +55,7 @@ class Renderer:
         self.settings = settings
         self.parsing = ParsingSetup.create(model, settings)
         self._segments = SegmentEncoder(model.backend, settings.segment_cache_entries)
+        self.multimodal = MediaPipeline.for_model(model.info.path, settings.model, settings)
         template = model.info.chat_template
         self._content_format = (
             settings.chat_template_content_format
@@ -103,9 +106,17 @@ class Renderer:
     # ---- chat -----------------------------------------------------------------------------
 
     def render_chat(
-        self, request: ChatCompletionRequest | dict[str, Any], *, request_id: str | None = None
+        self,
+        request: ChatCompletionRequest | dict[str, Any],
+        *,
+        request_id: str | None = None,
+        media: MediaBatch | None = None,
     ) -> GenerateRequest:
-        """Render a chat request to the GenerateRequest vLLM's render endpoint returns."""
+        """Render a chat request to the GenerateRequest vLLM's render endpoint returns.
+
+        ``media`` is the request's images already processed (``self.multimodal.prepare``);
+        without it, images are fetched and processed here, blocking.
+        """
         if isinstance(request, dict):
             request = convert(request, ChatCompletionRequest, "body")
         self.check_model(request.model)
@@ -124,7 +135,7 @@ class Renderer:
             template_tools = tools
             if tool_choice == "none" and self.settings.exclude_tools_when_tool_choice_none:
                 template_tools = None
-            prompt = self._render_messages(request, template_tools, kwargs)
+            prompt = self._render_messages(request, template_tools, kwargs, media)
         ids = prompt.token_ids
         if not ids:
             raise InvalidRequest("No token_ids rendered")
@@ -171,6 +182,7 @@ class Renderer:
             request_id=f"chatcmpl-{base_id}",
             token_ids=ids,
             token_offsets=prompt.offsets,
+            features=prompt.features,
             sampling_params=sampling,
             model=request.model,
             reasoning_ended=reasoning_ended,
@@ -256,6 +268,7 @@ class Renderer:
         request: ChatCompletionRequest | TokenizeChatRequest,
         tools: list[dict[str, Any]] | None,
         kwargs: dict[str, Any],
+        media: MediaBatch | None = None,
     ) -> Prompt:
         template = self._template(request.chat_template, kwargs)
         template_kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
@@ -271,7 +284,10 @@ class Renderer:
             content_format = templating.detect_content_format(template)
         try:
             conversation = templating.build_conversation(
-                request.messages, content_format, templating.supports_developer_role(template)
+                request.messages,
+                content_format,
+                templating.supports_developer_role(template),
+                IMAGE_PLACEHOLDER if self.multimodal is not None else None,
             )
         except templating.MultimodalContent as exc:
             raise InvalidRequest(f"{self.model_name} is not a multimodal model") from exc
@@ -287,7 +303,14 @@ class Renderer:
         truncate = getattr(request, "truncate_prompt_tokens", None)
         side = getattr(request, "truncation_side", None)
         want_offsets = bool(getattr(request, "return_token_offsets", False))
-        return self._tokenize(text, request.add_special_tokens, truncate, side, want_offsets)
+        if self.multimodal is not None and media is None:
+            media = self.multimodal.prepare_blocking(request)
+        if media is None:
+            return self._tokenize(text, request.add_special_tokens, truncate, side, want_offsets)
+        prompt = self._tokenize(text, request.add_special_tokens, truncate, side, False)
+        ids, features = media.expand(prompt.token_ids)
+        self._check_prompt_length(len(ids))
+        return Prompt(ids, None, features)
 
     def _tokenize(
         self,

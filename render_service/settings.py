@@ -45,6 +45,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     template_timeout: float = 5.0
     max_template_output_chars: int = 8 * 1024 * 1024
     template_memory_bytes: int = 512 * 1024 * 1024
+    # Multimodal (images): vLLM's flag names where vLLM has one.
+    limit_mm_per_prompt: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None
+    allowed_local_media_path: str | None = None
+    media_num_workers: int = 1
+    media_executor: Literal["process", "thread"] = "thread"
+    allow_private_media_urls: bool = False
+    media_fetch_timeout: float = 5.0
+    max_media_bytes: int = 20 * 1024 * 1024
+    max_media_redirects: int = 5
+    max_image_pixels: int = 64_000_000
 
     @property
     def model_name(self) -> str:

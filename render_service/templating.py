@@ -68,8 +68,9 @@ def supports_developer_role(template: str) -> bool:
     return "developer" in template
 
 
-def _content_text_parts(content: list[Any], path: str) -> list[str]:
-    texts = []
+def _content_text_parts(content: list[Any], path: str, images: bool = False) -> list[str | None]:
+    """Texts of the parts, None for an image part (only when ``images``; else they refuse)."""
+    texts: list[str | None] = []
     for i, part in enumerate(content):
         if isinstance(part, str):
             texts.append(part)
@@ -82,6 +83,8 @@ def _content_text_parts(content: list[Any], path: str) -> list[str]:
             if not isinstance(text, str):
                 raise InvalidRequest(f"Content part {path}.{i} has no text", f"{path}.{i}")
             texts.append(text)
+        elif images and kind == "image_url":
+            texts.append(None)
         elif kind in ("image_url", "input_image", "image", "image_pil", "image_embeds"):
             raise MultimodalContent(path)
         else:
@@ -97,9 +100,16 @@ class MultimodalContent(InvalidRequest):
 
 
 def build_conversation(
-    messages: list[dict[str, Any]], content_format: ContentFormat, developer_ok: bool
+    messages: list[dict[str, Any]],
+    content_format: ContentFormat,
+    developer_ok: bool,
+    image_placeholder: str | None = None,
 ) -> list[dict[str, Any]]:
-    """OpenAI messages -> the ``messages`` a chat template receives (vLLM's conversation)."""
+    """OpenAI messages -> the ``messages`` a chat template receives (vLLM's conversation).
+
+    With ``image_placeholder`` (a multimodal model), image parts stay in the conversation:
+    as ``{"type": "image"}`` parts, or as the placeholder text before the message's text.
+    """
     conversation = []
     for index, message in enumerate(messages):
         role = message.get("role")
@@ -110,9 +120,17 @@ def build_conversation(
         if content is None:  # vLLM reads a missing content as an empty list of parts
             content = []
         if isinstance(content, list):
-            texts = _content_text_parts(content, f"messages.{index}.content")
+            parts = _content_text_parts(
+                content, f"messages.{index}.content", image_placeholder is not None
+            )
+            texts = [t for t in parts if t is not None]
             if content_format == "openai":
-                out["content"] = [{"type": "text", "text": t} for t in texts]
+                out["content"] = [
+                    {"type": "image"} if t is None else {"type": "text", "text": t} for t in parts
+                ]
+            elif len(texts) < len(parts):
+                images = [str(image_placeholder)] * (len(parts) - len(texts))
+                out["content"] = "\n".join([*images, "\n".join(texts)])
             else:
                 out["content"] = "\n".join(texts)
         else:

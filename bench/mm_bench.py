@@ -1,0 +1,266 @@
+"""Image render benchmark: latency and throughput with 1 and 4 images of 1280x720 per request,
+and text-only render latency alone vs while image requests are in flight.
+
+Every request carries fresh images (a different seed per image), so neither server can answer
+from a processor cache. Images are JPEG data URLs, as clients usually send them. The peer (vLLM
+0.33.0's ``vllm launch render``) is measured the same way when ``--peer`` points at the ``vllm``
+executable of its own environment (shared/peer/INSTALL.md, plus torchvision for Qwen2.5-VL).
+Servers run one at a time. From the repo root:
+
+    PYTHONPATH=. python bench/mm_bench.py [--requests 20] [--concurrency 4] [--peer .venv-vllm/bin/vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / ".." / "shared" / "models"
+CHAT = "/v1/chat/completions/render"
+TEXT = {"messages": [{"role": "user", "content": "Summarise the plot of Hamlet in two sentences."}]}
+
+
+def photo_like(seed: int, width: int = 1280, height: int = 720) -> str:
+    """A JPEG data URL: smooth gradients plus mild noise (compresses like a photo)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    phase = rng.uniform(0, 6.28, 3)
+    channels = [
+        127 + 100 * np.sin(x / (90 + 30 * i) + y / (70 + 20 * i) + phase[i]) for i in range(3)
+    ]
+    pixels = np.stack(channels, axis=-1) + rng.normal(0, 6, (height, width, 3))
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=88)
+    return "data:image/jpeg;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def image_request(urls: list[str]) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    content.append({"type": "text", "text": "What is in these pictures?"})
+    return {"messages": [{"role": "user", "content": content}]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def server(cmd: list[str], port: int, env: dict[str, str], cwd: Path) -> Iterator[tuple[str, int]]:
+    (REPO / "bench" / ".work").mkdir(exist_ok=True)
+    log = open(REPO / "bench" / ".work" / f"mm-server-{port}.log", "wb")  # noqa: SIM115
+    process = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited: see {log.name}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy: see {log.name}")
+            time.sleep(0.3)
+        yield url, process.pid
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        log.close()
+
+
+def session_cpu(session: int) -> float:
+    """CPU seconds used so far by every live process of a session (server + its workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def timed_post(client: httpx.Client, body: dict[str, Any]) -> float:
+    start = time.perf_counter()
+    response = client.post(CHAT, json=body)
+    elapsed = time.perf_counter() - start
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.status_code}: {response.text[:300]}")
+    return elapsed
+
+
+def one_shot(url: str, body: dict[str, Any]) -> float:
+    with httpx.Client(base_url=url, timeout=300) as client:
+        return timed_post(client, body)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+
+def run_server(
+    url: str, session: int, args: argparse.Namespace, seeds: Iterator[int]
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with httpx.Client(base_url=url, timeout=120) as client:
+        for _ in range(5):
+            timed_post(client, TEXT)
+        timed_post(client, image_request([photo_like(next(seeds))]))
+        text_alone = [timed_post(client, TEXT) for _ in range(args.text_requests)]
+        out["text_alone"] = text_alone
+        for count in (1, 4):
+            bodies = [
+                image_request([photo_like(next(seeds)) for _ in range(count)])
+                for _ in range(args.requests)
+            ]
+            cpu = session_cpu(session)
+            out[f"serial_{count}"] = [timed_post(client, b) for b in bodies]
+            out[f"cpu_{count}"] = (session_cpu(session) - cpu) / len(bodies)
+            bodies = [
+                image_request([photo_like(next(seeds)) for _ in range(count)])
+                for _ in range(args.requests)
+            ]
+            start = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                clients = [httpx.Client(base_url=url, timeout=300) for _ in range(args.concurrency)]
+                jobs = [
+                    pool.submit(timed_post, clients[i % args.concurrency], b)
+                    for i, b in enumerate(bodies)
+                ]
+                loaded = [j.result() for j in jobs]
+                for c in clients:
+                    c.close()
+            out[f"concurrent_{count}"] = loaded
+            out[f"throughput_{count}"] = len(bodies) / (time.perf_counter() - start)
+        # Text renders while 4-image requests keep the server busy.
+        bodies = [
+            image_request([photo_like(next(seeds)) for _ in range(4)]) for _ in range(args.requests)
+        ]
+        busy = threading.Event()
+        text_busy: list[float] = []
+
+        def text_loop() -> None:
+            with httpx.Client(base_url=url, timeout=120) as text_client:
+                busy.wait()
+                while busy.is_set():
+                    text_busy.append(timed_post(text_client, TEXT))
+
+        thread = threading.Thread(target=text_loop)
+        thread.start()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            busy.set()
+            list(pool.map(lambda b: one_shot(url, b), bodies))
+        busy.clear()
+        thread.join()
+        out["text_busy"] = text_busy
+    return out
+
+
+def report(name: str, result: dict[str, Any]) -> None:
+    print(f"\n## {name}")
+    print("| measurement | p50 ms | p90 ms | p99 ms | n |")
+    print("|---|---:|---:|---:|---:|")
+    for key in ("text_alone", "text_busy", "serial_1", "serial_4", "concurrent_1", "concurrent_4"):
+        values = result[key]
+        print(
+            f"| {key} | {pct(values, 0.5):.1f} | {pct(values, 0.9):.1f} | {pct(values, 0.99):.1f} "
+            f"| {len(values)} |"
+        )
+    for count in (1, 4):
+        print(
+            f"{count} image(s)/request: throughput {result[f'throughput_{count}']:.2f} req/s, "
+            f"server CPU {result[f'cpu_{count}'] * 1000:.0f} ms per request (serial phase)"
+        )
+    print(
+        f"text mean alone {statistics.mean(result['text_alone']) * 1000:.1f} ms, "
+        f"while images load {statistics.mean(result['text_busy']) * 1000:.1f} ms"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-vl", help="directory name under shared/models")
+    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--text-requests", type=int, default=50)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--media-num-workers", type=int, default=2)
+    parser.add_argument("--media-executor", choices=["process", "thread"], default="thread")
+    parser.add_argument("--peer", default=None, help="path of the peer's `vllm` executable")
+    args = parser.parse_args()
+    seeds = iter(range(10**9))
+    port = free_port()
+    ours = [
+        sys.executable,
+        "-m",
+        "render_service",
+        "serve",
+        args.model,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--media-num-workers",
+        str(args.media_num_workers),
+        "--media-executor",
+        args.media_executor,
+    ]
+    env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    with server(ours, port, env, MODELS) as (url, pid):
+        report("render-service", run_server(url, pid, args, seeds))
+    if args.peer:
+        port = free_port()
+        peer = [
+            args.peer,
+            "launch",
+            "render",
+            args.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        peer_env = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+        with server(peer, port, peer_env, MODELS) as (url, pid):
+            report("vLLM 0.33.0 launch render", run_server(url, pid, args, seeds))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Image loading for the multimodal pipeline: URLs, data URLs, local files, and every limit.
+
+URLs are served by a local http.server on 127.0.0.1 (a thread), which the pipeline may fetch
+only because these tests allow private addresses; the refusal tests never connect anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from render_service.errors import InvalidRequest
+from render_service.multimodal.pipeline import MediaBatch, MediaPipeline
+from render_service.multimodal.qwen2_vl import VisionConfig
+from render_service.protocol.chat import ChatCompletionRequest
+from render_service.settings import Settings
+from tests.media_support import (
+    MediaServer,
+    chat_body,
+    data_url,
+    image_bytes,
+    image_part,
+    media_server,
+    png_bomb,
+    truncated_jpeg,
+)
+
+
+def pipeline(**flags: Any) -> MediaPipeline:
+    settings = Settings(
+        model="test-vl",
+        allow_private_media_urls=flags.pop("allow_private_media_urls", True),
+        media_fetch_timeout=flags.pop("media_fetch_timeout", 1.0),
+        max_media_bytes=flags.pop("max_media_bytes", 1024 * 1024),
+        media_executor=flags.pop("media_executor", "thread"),
+        **flags,
+    )
+    return MediaPipeline("test-vl", VisionConfig(), settings)
+
+
+def prepare(pipe: MediaPipeline, body: dict[str, Any]) -> MediaBatch | None:
+    return asyncio.run(pipe.prepare(msgspec.convert(body, ChatCompletionRequest)))
+
+
+def refused(pipe: MediaPipeline, body: dict[str, Any]) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        prepare(pipe, body)
+    assert info.value.status == 400
+    return info.value
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[MediaServer]:
+    with media_server() as running:
+        yield running
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_urls_give_the_same_items_as_data_urls(server: MediaServer, count: int) -> None:
+    images = [image_bytes(56 + 28 * i, 56, "PNG", seed=i) for i in range(count)]
+    urls = [server.add(f"n{count}-{i}.png", data) for i, data in enumerate(images)]
+    by_url = prepare(pipeline(), chat_body(*urls))
+    by_data = prepare(pipeline(), chat_body(*(data_url(d) for d in images)))
+    assert by_url is not None and by_data is not None
+    assert by_url == by_data
+    assert len(by_url.items) == count
+    assert len({item.mm_hash for item in by_url.items}) == count
+
+
+def test_content_type_that_lies_is_ignored(server: MediaServer) -> None:
+    png = image_bytes(56, 56, "PNG", seed=3)
+    server.add("liar.png", png)
+    as_text = prepare(pipeline(), chat_body(f"{server.base}/as-text/liar.png"))
+    as_jpeg_label = prepare(pipeline(), chat_body(data_url(png, "image/jpeg")))
+    honest = prepare(pipeline(), chat_body(data_url(png)))
+    assert as_text == honest == as_jpeg_label
+
+
+def test_text_labelled_as_png_is_refused() -> None:
+    error = refused(pipeline(), chat_body(data_url(b"hello, not an image")))
+    assert "messages[0].content[0]" in error.message
+
+
+def test_pixel_bomb_is_refused_before_decoding() -> None:
+    error = refused(pipeline(), chat_body(data_url(png_bomb())))
+    assert "messages[0].content[0]" in error.message
+    assert "pixels" in error.message
+
+
+def test_pixel_limit_is_a_setting() -> None:
+    body = chat_body(data_url(image_bytes(300, 200)))
+    assert prepare(pipeline(), body) is not None
+    refused(pipeline(max_image_pixels=300 * 200 - 1), body)
+
+
+def test_truncated_jpeg_names_message_and_part() -> None:
+    good = data_url(image_bytes(56, 56, "JPEG"), "image/jpeg")
+    body = {
+        "messages": [
+            {"role": "user", "content": [image_part(good), {"type": "text", "text": "a"}]},
+            {"role": "assistant", "content": "b"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "c"},
+                    image_part(data_url(truncated_jpeg(), "image/jpeg")),
+                ],
+            },
+        ]
+    }
+    error = refused(pipeline(), body)
+    assert error.message.startswith("messages[2].content[1]:")
+    assert error.param == "messages.2.content.1"
+
+
+def test_bad_base64_is_refused() -> None:
+    refused(pipeline(), chat_body("data:image/png;base64,!!!notbase64!!!"))
+
+
+def test_redirects_are_followed_up_to_the_limit(server: MediaServer) -> None:
+    server.add("hop.png", image_bytes(56, 56, seed=5))
+    assert prepare(pipeline(max_media_redirects=2), chat_body(f"{server.base}/hop/1/hop.png"))
+    refused(pipeline(max_media_redirects=2), chat_body(f"{server.base}/hop/2/hop.png"))
+
+
+def test_redirect_loop_is_refused(server: MediaServer) -> None:
+    error = refused(pipeline(), chat_body(f"{server.base}/loop"))
+    assert "redirect" in error.message
+
+
+def test_slow_server_times_out(server: MediaServer) -> None:
+    error = refused(pipeline(media_fetch_timeout=0.3), chat_body(f"{server.base}/slow"))
+    assert "timed out" in error.message
+
+
+def test_byte_limit_stops_the_download(server: MediaServer) -> None:
+    error = refused(pipeline(max_media_bytes=1024 * 1024), chat_body(f"{server.base}/big"))
+    assert "--max-media-bytes" in error.message
+
+
+def test_http_error_status_is_a_400(server: MediaServer) -> None:
+    refused(pipeline(), chat_body(f"{server.base}/img/missing.png"))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:{port}/img/private.png",
+        "http://localhost:{port}/img/private.png",
+        "http://[::1]:{port}/img/private.png",
+        "http://10.0.0.1/x.png",
+        "http://192.168.1.1/x.png",
+        "http://169.254.169.254/latest/meta-data",
+        "http://0.0.0.0:{port}/img/private.png",
+    ],
+)
+def test_private_addresses_are_refused_without_connecting(server: MediaServer, url: str) -> None:
+    server.add("private.png", image_bytes(56, 56))
+    before = server.hits
+    error = refused(
+        pipeline(allow_private_media_urls=False), chat_body(url.format(port=server.port))
+    )
+    assert "non-public" in error.message
+    assert server.hits == before
+
+
+def test_unsupported_scheme_is_refused() -> None:
+    refused(pipeline(), chat_body("ftp://example.com/a.png"))
+
+
+def test_local_files_only_under_the_allowed_path(tmp_path: Path) -> None:
+    allowed = tmp_path / "media"
+    allowed.mkdir()
+    inside = allowed / "a.png"
+    inside.write_bytes(image_bytes(56, 56, seed=9))
+    outside = tmp_path / "b.png"
+    outside.write_bytes(image_bytes(56, 56, seed=9))
+    refused(pipeline(), chat_body(inside.as_uri()))
+    pipe = pipeline(allowed_local_media_path=str(allowed))
+    batch = prepare(pipe, chat_body(inside.as_uri()))
+    assert batch == prepare(pipeline(), chat_body(data_url(inside.read_bytes())))
+    refused(pipe, chat_body(outside.as_uri()))
+    refused(pipe, chat_body((allowed / ".." / "b.png").as_uri()))
+
+
+def test_limit_mm_per_prompt() -> None:
+    body = chat_body(*(data_url(image_bytes(56, 56, seed=i)) for i in range(3)))
+    assert prepare(pipeline(limit_mm_per_prompt={"image": 3}), body) is not None
+    error = refused(pipeline(limit_mm_per_prompt={"image": 2}), body)
+    assert "At most 2 image" in error.message
+
+
+def test_request_kwargs_need_trust() -> None:
+    body = chat_body(data_url(image_bytes(56, 56)), mm_processor_kwargs={"max_pixels": 3136})
+    error = refused(pipeline(), body)
+    assert error.param == "mm_processor_kwargs"
+    io_body = chat_body(
+        data_url(image_bytes(56, 56)),
+        media_io_kwargs={"image": {"rgba_background_color": [0, 0, 0]}},
+    )
+    assert refused(pipeline(), io_body).param == "media_io_kwargs"
+    trusted = pipeline(trust_request_mm_kwargs=True)
+    assert prepare(trusted, body) is not None
+    assert prepare(trusted, io_body) is not None
+
+
+def test_processor_kwargs_change_the_tokens_and_the_hash() -> None:
+    url = data_url(image_bytes(280, 280, seed=11))
+    trusted = pipeline(trust_request_mm_kwargs=True)
+    plain = prepare(trusted, chat_body(url))
+    small = prepare(trusted, chat_body(url, mm_processor_kwargs={"max_pixels": 56 * 56}))
+    assert plain is not None and small is not None
+    assert small.items[0].num_tokens == 4  # 56x56 pixels = 2x2 merged patches
+    assert plain.items[0].num_tokens > small.items[0].num_tokens
+    assert plain.items[0].mm_hash != small.items[0].mm_hash
+
+
+def test_client_uuid_is_the_hash_unless_kwargs_change_the_result() -> None:
+    url = data_url(image_bytes(56, 56, seed=12))
+    body = chat_body(url)
+    body["messages"][0]["content"][0]["uuid"] = "sku-1234"
+    batch = prepare(pipeline(trust_request_mm_kwargs=True), body)
+    assert batch is not None and batch.items[0].mm_hash == "sku-1234"
+    with_kwargs = prepare(
+        pipeline(trust_request_mm_kwargs=True),
+        {**body, "mm_processor_kwargs": {"max_pixels": 3136}},
+    )
+    assert with_kwargs is not None and with_kwargs.items[0].mm_hash not in ("sku-1234",)
+
+
+def test_mm_payload_none_keeps_hashes_drops_tensors() -> None:
+    url = data_url(image_bytes(56, 56, seed=13))
+    full = prepare(pipeline(), chat_body(url))
+    bare = prepare(pipeline(), chat_body(url, mm_payload="none"))
+    assert full is not None and bare is not None
+    assert bare.items[0].kwargs_data is None and bare.items[0].mm_metadata is None
+    assert bare.items[0].mm_hash == full.items[0].mm_hash
+    _, features = bare.expand([1, bare.image_token_id, 2])
+    assert features["kwargs_data"] is None and features["mm_metadata"] is None
+
+
+def test_expand_counts_placeholders() -> None:
+    batch = prepare(pipeline(), chat_body(data_url(image_bytes(84, 56, seed=14))))
+    assert batch is not None
+    pad = batch.image_token_id
+    ids, features = batch.expand([7, 8, pad, 9])
+    length = batch.items[0].num_tokens
+    assert ids == [7, 8, *([pad] * length), 9]
+    assert features["mm_placeholders"] == {"image": [{"offset": 2, "length": length}]}
+    with pytest.raises(InvalidRequest):
+        batch.expand([7, 8, 9])
+    with pytest.raises(InvalidRequest):
+        batch.expand([pad, pad])
+
+
+def test_process_pool_gives_the_same_items_and_errors() -> None:
+    body = chat_body(*(data_url(image_bytes(56 + 28 * i, 84, seed=20 + i)) for i in range(2)))
+    in_processes = pipeline(media_executor="process", media_num_workers=2)
+    try:
+        assert prepare(in_processes, body) == prepare(pipeline(), body)
+        error = refused(in_processes, chat_body(data_url(truncated_jpeg(), "image/jpeg")))
+        assert error.message.startswith("messages[0].content[0]:")
+    finally:
+        in_processes.pool.shutdown()
+
+
+def test_limit_accepts_a_count_object() -> None:
+    body = chat_body(*(data_url(image_bytes(56, 56, seed=i)) for i in range(2)))
+    refused(pipeline(limit_mm_per_prompt={"image": {"count": 1}}), body)

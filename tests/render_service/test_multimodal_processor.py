@@ -1,0 +1,188 @@
+"""The numpy Qwen2-VL processor, the hasher's framing and the msgpack layout, without ../shared.
+
+Bit-exactness against vLLM is pinned by the golden tests; here the oracles are independent:
+Pillow's own antialiased bicubic resize (the arithmetic torch's uint8 kernel mirrors, with a
+different weight precision, so within 2 levels), and the patch geometry read back from pixels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from render_service.multimodal import serialize
+from render_service.multimodal.hashing import EncodedImage, hash_kwargs, image_hash
+from render_service.multimodal.qwen2_vl import (
+    VisionConfig,
+    patchify,
+    process_image,
+    resize_bicubic_u8,
+    smart_resize,
+)
+
+CONFIG = VisionConfig()
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "out_h", "out_w"),
+    [
+        (8, 8, 56, 56),
+        (30, 60, 56, 84),
+        (720, 1280, 728, 1288),
+        (1000, 700, 300, 200),
+        (37, 911, 56, 1200),
+    ],
+)
+def test_resize_is_pillow_bicubic_within_rounding(
+    height: int, width: int, out_h: int, out_w: int
+) -> None:
+    rng = np.random.default_rng(height * 31 + width)
+    image = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+    ours = resize_bicubic_u8(image, out_h, out_w).astype(int)
+    pillow = np.asarray(Image.fromarray(image).resize((out_w, out_h), Image.BICUBIC)).astype(int)
+    diff = np.abs(ours - pillow)
+    assert ours.shape == pillow.shape
+    assert diff.max() <= 2
+    assert (diff > 0).mean() < 0.02
+
+
+def _reference_pass(image: np.ndarray, out_size: int) -> np.ndarray:
+    """One axis (the first) of torch's uint8 antialiased bicubic, written out pixel by pixel."""
+    in_size = image.shape[0]
+    scale = in_size / out_size
+    support = 2.0 * scale if scale >= 1 else 2.0
+    inv = 1.0 / scale if scale >= 1 else 1.0
+
+    def cubic(x: float) -> float:
+        x = abs(x)
+        if x < 1:
+            return (1.5 * x - 2.5) * x * x + 1
+        if x < 2:
+            return (((x - 5) * x + 8) * x - 4) * -0.5
+        return 0.0
+
+    taps = []
+    for i in range(out_size):
+        center = scale * (i + 0.5)
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), in_size)
+        w = [cubic((j - center + 0.5) * inv) for j in range(lo, hi)]
+        total = sum(w)
+        taps.append((lo, [v / total for v in w]))
+    peak = max(max(w) for _, w in taps)
+    precision = 0
+    while precision < 15 and int(0.5 + peak * (1 << (precision + 1))) < (1 << 15):
+        precision += 1
+    out = np.empty((out_size, *image.shape[1:]), np.uint8)
+    for i, (lo, w) in enumerate(taps):
+        acc = np.full(image.shape[1:], 1 << (precision - 1), np.int64)
+        for k, v in enumerate(w):
+            scaled = v * (1 << precision)
+            q = int(scaled - 0.5) if scaled < 0 else int(scaled + 0.5)
+            acc += image[lo + k].astype(np.int64) * q
+        out[i] = np.clip(acc >> precision, 0, 255)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "out_h", "out_w"),
+    [(8, 8, 56, 56), (30, 60, 56, 84), (100, 70, 30, 20), (37, 311, 56, 120), (64, 48, 64, 100)],
+)
+def test_resize_equals_a_pixel_by_pixel_reference(
+    height: int, width: int, out_h: int, out_w: int
+) -> None:
+    image = np.random.default_rng(height + width).integers(0, 256, (height, width, 3), np.uint8)
+    horizontal = (
+        _reference_pass(image.transpose(1, 0, 2), out_w).transpose(1, 0, 2)
+        if out_w != width
+        else image
+    )
+    expected = _reference_pass(horizontal, out_h) if out_h != height else horizontal
+    assert np.array_equal(resize_bicubic_u8(image, out_h, out_w), expected)
+
+
+def test_resize_to_the_same_size_is_the_identity() -> None:
+    image = np.random.default_rng(1).integers(0, 256, (56, 84, 3), dtype=np.uint8)
+    assert np.array_equal(resize_bicubic_u8(image, 56, 84), image)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 20_000), st.integers(1, 20_000))
+def test_smart_resize_bounds(height: int, width: int) -> None:
+    if max(height, width) / min(height, width) > 200:
+        return
+    h, w = smart_resize(height, width, CONFIG)
+    assert h % 28 == 0 and w % 28 == 0 and h >= 28 and w >= 28
+    assert h * w <= CONFIG.max_pixels
+    if h > 28 and w > 28:
+        assert h * w >= CONFIG.min_pixels
+
+
+def test_patch_rows_are_image_patches_in_merge_order() -> None:
+    rng = np.random.default_rng(2)
+    image = rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)
+    out = patchify(image, CONFIG)
+    assert out.grid_thw == (1, 4, 6)
+    assert out.num_tokens == 6
+    assert out.pixel_values.shape == (24, 3 * 2 * 14 * 14)
+    row = 0
+    for block_y in range(2):
+        for block_x in range(3):
+            for dy in range(2):
+                for dx in range(2):
+                    y, x = (block_y * 2 + dy) * 14, (block_x * 2 + dx) * 14
+                    patch = image[y : y + 14, x : x + 14].transpose(2, 0, 1)  # (C, 14, 14)
+                    got = out.pixel_values[row].reshape(3, 2, 14, 14)
+                    assert np.array_equal(got[:, 0], patch) and np.array_equal(got[:, 1], patch)
+                    row += 1
+
+
+def test_process_image_upscales_tiny_images_to_min_pixels() -> None:
+    out = process_image(np.zeros((8, 8, 3), np.uint8), CONFIG)
+    assert out.grid_thw == (1, 4, 4) and out.num_tokens == 4
+
+
+def test_hash_framing_keeps_distinct_inputs_apart() -> None:
+    assert hash_kwargs(a={"ab": "c"}) != hash_kwargs(a={"a": "bc"})
+    assert hash_kwargs(a=[1, 2]) != hash_kwargs(a={"0": 1, "1": 2})
+    assert hash_kwargs(a=None) != hash_kwargs(a="")
+    assert hash_kwargs(a=[]) != hash_kwargs()
+    assert hash_kwargs(a=1, b=2) == hash_kwargs(b=2, a=1)
+
+
+def test_image_hash_depends_on_bytes_model_and_kwargs() -> None:
+    raw = EncodedImage(b"\x89PNG...", None)
+    base = image_hash("m", raw, {}, {}, None)
+    assert base != image_hash("m2", raw, {}, {}, None)
+    assert base != image_hash("m", EncodedImage(b"\x89PNG..!", None), {}, {}, None)
+    assert base != image_hash("m", raw, {"max_pixels": 3136}, {}, None)
+    assert base != image_hash("m", raw, {}, {"rgba_background_color": [0, 0, 0]}, None)
+    converted = EncodedImage(
+        raw.data, {"image_mode": "RGB", "rgba_background_color": (255, 255, 255)}
+    )
+    assert base != image_hash("m", converted, {}, {}, None)
+    assert image_hash("m", raw, {}, {}, "uuid-1") == "uuid-1"
+    assert image_hash("m", raw, {"max_pixels": 3136}, {}, "uuid-1") != "uuid-1"
+
+
+def test_item_round_trips_through_msgpack() -> None:
+    out = process_image(
+        np.random.default_rng(3).integers(0, 256, (60, 30, 3), dtype=np.uint8), CONFIG
+    )
+    slices = serialize.batch_slices([out.pixel_values.shape[0], 10])
+    encoded = serialize.encode_item(
+        {
+            "image_grid_thw": serialize.grid_field(out.grid_thw),
+            "pixel_values": serialize.pixel_field(out.pixel_values, slices),
+        }
+    )
+    decoded = serialize.decode_item(encoded)
+    assert np.array_equal(decoded["pixel_values"]["array"], out.pixel_values)
+    assert decoded["image_grid_thw"]["array"].tolist() == list(out.grid_thw)
+    assert decoded["pixel_values"]["field"][1]["slices"] == [
+        [[0, out.pixel_values.shape[0], None]],
+        [[out.pixel_values.shape[0], out.pixel_values.shape[0] + 10, None]],
+    ]
