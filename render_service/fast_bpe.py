@@ -10,11 +10,16 @@ varied sample; any other tokenizer keeps the ``tokenizers`` path.
 from __future__ import annotations
 
 import json
+import os
 import unicodedata
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import tokenizers
+
+# Below this many characters in a batch, encoding on the calling thread is faster.
+_PARALLEL_CHARS = 16384
 
 # Texts that exercise the split regex, normalization and byte handling of any family.
 CHECK_TEXTS = (
@@ -95,13 +100,16 @@ def build(
     except ValueError:
         return None
     nfc = normalizer is not None
+    # tiktoken releases the GIL while encoding, so long parts encode in parallel on this pool;
+    # short ones stay on the calling thread (a hand-off costs more than encoding them).
+    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bpe")
 
     def encode(texts: list[str]) -> list[list[int]]:
         if nfc:
             texts = [unicodedata.normalize("NFC", t) for t in texts]
-        if len(texts) == 1:
-            return [encoding.encode_ordinary(texts[0])]
-        return encoding.encode_ordinary_batch(texts, num_threads=len(texts))
+        if len(texts) > 1 and sum(map(len, texts)) >= _PARALLEL_CHARS:
+            return list(pool.map(encoding.encode_ordinary, texts))
+        return [encoding.encode_ordinary(t) for t in texts]
 
     expected = [
         enc.ids for enc in backend.encode_batch(list(CHECK_TEXTS), add_special_tokens=False)
