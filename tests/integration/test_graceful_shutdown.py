@@ -44,7 +44,7 @@ def refuses_connections(port: int) -> bool:
 def test_sigterm_finishes_in_flight_request_and_exits_zero(
     default_model_dir: Path, tmp_path: Path
 ) -> None:
-    prompt = big_prompt(300_000)
+    prompt = big_prompt(1_000_000)
     ids = Tokenizer.from_file(str(default_model_dir / "tokenizer.json")).encode(prompt).ids
     keep = 1000  # the whole prompt is tokenized (slow), then cut to fit the context
     with (
