@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -103,6 +104,7 @@ class Service:
         self.renderer = renderer
         self.derenderer = derenderer
         self.settings = renderer.settings
+        self.created = int(time.time())  # /v1/models reports when this server started
         self.max_body_bytes = max_body_bytes
         self.pool = ThreadPoolExecutor(
             max_workers=max(1, self.settings.renderer_num_workers), thread_name_prefix="render"
@@ -239,8 +241,6 @@ class Service:
     async def openapi(self, request: Request) -> Response:
         return Response(_OPENAPI, media_type="application/json")
 
-    created = 0
-
     # ---- middleware-ish wrappers ----------------------------------------------------------
 
     def guarded(
@@ -313,12 +313,9 @@ _OPENAPI = msgspec.json.encode(openapi_document())
 
 def build_app(renderer: Renderer) -> Starlette:
     """The Starlette application for one model."""
-    import time
-
     service = Service(
         renderer, build_derenderer(renderer), max_body_bytes=renderer.settings.max_body_bytes
     )
-    service.created = int(time.time())
     g = service.guarded
     routes = [
         Route("/v1/chat/completions/render", g(service.render_chat), methods=["POST"]),
