@@ -18,8 +18,9 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from render_service import __version__, lifecycle, metrics
+from render_service import __version__, json_parts, lifecycle, metrics
 from render_service.derender import Derenderer, build_derenderer
 from render_service.errors import (
     BodyTooLarge,
@@ -77,6 +78,24 @@ class MsgspecResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return _encoder.encode(content)
+
+
+class PartsResponse(Response):
+    """A JSON body already cut into pieces (``json_parts``), sent one after another."""
+
+    media_type = "application/json"
+
+    def __init__(self, parts: list[bytes]) -> None:
+        self.parts = parts
+        super().__init__(headers={"content-length": str(sum(len(p) for p in parts))})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        last = len(self.parts) - 1
+        for i, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
 
 
 def error_response(exc: RenderServiceError) -> Response:
@@ -158,7 +177,9 @@ class Service:
             media=media,
         )
         metrics.observe_render((result,))
-        return MsgspecResponse(result)
+        if media is None:
+            return MsgspecResponse(result)
+        return PartsResponse(await self.run(json_parts.encode_parts, result))
 
     async def render_completion(self, request: Request) -> Response:
         data = await self.body(request)

@@ -151,7 +151,9 @@ class MediaPipeline:
     def _new_pool(self) -> Executor:
         workers = max(1, self.settings.media_num_workers)
         if self.settings.media_executor == "thread":
-            return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="media")
+            threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="media")
+            threads.submit(work.ready)  # one compile serves every thread of the process
+            return threads
         # spawn: the server process has threads, which fork would copy in odd states.
         context = multiprocessing.get_context("spawn")
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)

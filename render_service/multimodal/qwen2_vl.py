@@ -3,10 +3,7 @@
 vLLM runs transformers' ``Qwen2VLImageProcessor`` (torchvision backend) with rescaling and
 normalization left to the model, so what goes on the wire is the *uint8* resized image cut into
 patches. The only numeric step is the resize: torchvision hands a uint8 tensor to torch's
-antialiased bicubic kernel for uint8 (the Pillow-compatible one), which works in fixed point:
-weights rounded to int16 at a per-axis precision, a horizontal pass then a vertical pass, each
-rounded and clipped back to uint8. ``resize_bicubic_u8`` reproduces that arithmetic exactly;
-Pillow's own BICUBIC differs in a few pixels per image (other weight precision).
+antialiased bicubic kernel for uint8, which ``resample.resize_bicubic_u8`` reproduces exactly.
 """
 
 from __future__ import annotations
@@ -124,74 +121,6 @@ def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, in
     return h_bar, w_bar
 
 
-def _bicubic(x: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Keys' cubic with a = -0.5 (the antialiased kernels' choice, as in Pillow)."""
-    a = -0.5
-    x = np.abs(x)
-    near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
-    far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
-    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
-
-
-def _axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArray[np.int32], int]:
-    """Per output pixel: tap indices (out, taps), int16-range weights (out, taps), precision."""
-    scale = in_size / out_size
-    support = 2.0 * scale if scale >= 1.0 else 2.0
-    inv = 1.0 / scale if scale >= 1.0 else 1.0
-    centers = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
-    lo = np.maximum((centers - support + 0.5).astype(np.int64), 0)
-    hi = np.minimum((centers + support + 0.5).astype(np.int64), in_size)
-    taps = int((hi - lo).max())
-    offsets = np.arange(taps)
-    index = lo[:, None] + offsets[None, :]
-    valid = index < hi[:, None]
-    weights = _bicubic((index - centers[:, None] + 0.5) * inv) * valid
-    totals = weights.sum(axis=1, keepdims=True)
-    weights = np.divide(weights, totals, out=np.zeros_like(weights), where=totals != 0)
-    # The largest precision at which the biggest weight still fits in an int16.
-    peak = float(weights.max())
-    precision = 0
-    while precision < 15 and int(0.5 + peak * (1 << (precision + 1))) < (1 << 15):
-        precision += 1
-    scaled = weights * (1 << precision)
-    fixed = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5)).astype(np.int32)
-    return np.minimum(index, in_size - 1), fixed, precision
-
-
-_BLOCK = 32  # output rows per step: the int32 accumulators stay in cache
-
-
-def _resample(image: NDArray[np.uint8], axis: int, out_size: int) -> NDArray[np.uint8]:
-    index, weights, precision = _axis_weights(image.shape[axis], out_size)
-    # Resampled axis first and contiguous, so every tap gathers whole uint8 rows.
-    moved = np.ascontiguousarray(np.moveaxis(image, axis, 0))
-    rows = moved.reshape(moved.shape[0], -1)
-    out = np.empty((out_size, rows.shape[1]), dtype=np.uint8)
-    acc = np.empty((_BLOCK, rows.shape[1]), dtype=np.int32)
-    term = np.empty_like(acc)
-    for start in range(0, out_size, _BLOCK):
-        stop = min(out_size, start + _BLOCK)
-        block, tmp = acc[: stop - start], term[: stop - start]
-        block.fill(1 << (precision - 1))
-        for tap in range(index.shape[1]):
-            np.multiply(rows[index[start:stop, tap]], weights[start:stop, tap, None], out=tmp)
-            block += tmp
-        block >>= precision
-        np.clip(block, 0, 255, out=block)
-        out[start:stop] = block
-    return np.moveaxis(out.reshape(out_size, *moved.shape[1:]), 0, axis)
-
-
-def resize_bicubic_u8(image: NDArray[np.uint8], height: int, width: int) -> NDArray[np.uint8]:
-    """Antialiased bicubic resize of an (H, W, C) uint8 image, torch's uint8 arithmetic."""
-    out = image
-    if width != out.shape[1]:
-        out = _resample(out, 1, width)
-    if height != out.shape[0]:
-        out = _resample(out, 0, height)
-    return np.ascontiguousarray(out)
-
-
 def patchify(image: NDArray[np.uint8], config: VisionConfig) -> ProcessedImage:
     """(H, W, C) uint8 -> patch rows in Qwen2-VL's order (merge blocks contiguous)."""
     height, width, channels = image.shape
@@ -212,6 +141,9 @@ def patchify(image: NDArray[np.uint8], config: VisionConfig) -> ProcessedImage:
 
 def process_image(rgb: NDArray[np.uint8], config: VisionConfig) -> ProcessedImage:
     """An (H, W, 3) uint8 RGB image -> the engine's ``pixel_values`` and ``image_grid_thw``."""
+    # Imported here: numba costs text-only servers 0.6 s of start-up and 40 MB if loaded.
+    from render_service.multimodal.resample import resize_bicubic_u8
+
     height, width = rgb.shape[:2]
     target_h, target_w = smart_resize(height, width, config)
     resized = resize_bicubic_u8(rgb, target_h, target_w)

@@ -41,7 +41,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def ready() -> None:
-    """A no-op: submitting it makes the pool start a worker process ahead of real work."""
+    """Get a worker ready ahead of real work: the process started, the resize compiled."""
+    from render_service.multimodal.resample import warm_up  # numba: see qwen2_vl.process_image
+
+    warm_up()
 
 
 def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:

@@ -19,9 +19,9 @@ from render_service.multimodal.qwen2_vl import (
     VisionConfig,
     patchify,
     process_image,
-    resize_bicubic_u8,
     smart_resize,
 )
+from render_service.multimodal.resample import resize_bicubic_u8
 
 CONFIG = VisionConfig()
 
