@@ -2,9 +2,12 @@
 and text-only render latency alone vs while image requests are in flight.
 
 Every request carries fresh images (a different seed per image), so neither server can answer
-from a processor cache. Images are JPEG data URLs, as clients usually send them. The peer (vLLM
-0.33.0's ``vllm launch render``) is measured the same way when ``--peer`` points at the ``vllm``
-executable of its own environment (shared/peer/INSTALL.md, plus torchvision for Qwen2.5-VL).
+from a processor cache. Images are JPEG data URLs, as clients usually send them. Request bodies
+are encoded before the clock starts and responses are read but not parsed, so the client's own
+JSON work stays out of the latencies; the text probe under load runs in a process of its own.
+The peer (vLLM 0.33.0's ``vllm launch render``) is measured the same way when ``--peer`` points
+at the ``vllm`` executable of its own environment (shared/peer/INSTALL.md, plus torchvision for
+Qwen2.5-VL: see bench/README.md).
 Servers run one at a time. From the repo root:
 
     PYTHONPATH=. python bench/mm_bench.py [--requests 20] [--concurrency 4] [--peer .venv-vllm/bin/vllm]
@@ -15,13 +18,14 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
+import multiprocessing
 import os
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +40,7 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / ".." / "shared" / "models"
 CHAT = "/v1/chat/completions/render"
+JSON = {"content-type": "application/json"}
 TEXT = {"messages": [{"role": "user", "content": "Summarise the plot of Hamlet in two sentences."}]}
 
 
@@ -117,18 +122,38 @@ def session_cpu(session: int) -> float:
     return total / tick
 
 
-def timed_post(client: httpx.Client, body: dict[str, Any]) -> float:
+def timed_post(client: httpx.Client, body: bytes) -> float:
+    """Seconds from sending a pre-encoded body to the last response byte (read, not parsed)."""
     start = time.perf_counter()
-    response = client.post(CHAT, json=body)
-    elapsed = time.perf_counter() - start
-    if response.status_code != 200:
-        raise RuntimeError(f"{response.status_code}: {response.text[:300]}")
+    with client.stream("POST", CHAT, content=body, headers=JSON) as response:
+        size = sum(len(chunk) for chunk in response.iter_raw())
+        elapsed = time.perf_counter() - start
+        if response.status_code != 200:
+            raise RuntimeError(f"{response.status_code} after {size} bytes")
     return elapsed
 
 
-def one_shot(url: str, body: dict[str, Any]) -> float:
-    with httpx.Client(base_url=url, timeout=300) as client:
-        return timed_post(client, body)
+def encoded(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+def image_bodies(count: int, requests: int, seeds: Iterator[int]) -> list[bytes]:
+    return [
+        encoded(image_request([photo_like(next(seeds)) for _ in range(count)]))
+        for _ in range(requests)
+    ]
+
+
+def text_probe(url: str, start: Any, stop: Any, results: Any) -> None:
+    """Text renders back to back until ``stop``: its own process, so the image clients'
+    GIL never delays its timings."""
+    body = encoded(TEXT)
+    times = []
+    with httpx.Client(base_url=url, timeout=120) as client:
+        start.wait()
+        while not stop.is_set():
+            times.append(timed_post(client, body))
+    results.put(times)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -140,57 +165,44 @@ def run_server(
     url: str, session: int, args: argparse.Namespace, seeds: Iterator[int]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    text = encoded(TEXT)
     with httpx.Client(base_url=url, timeout=120) as client:
         for _ in range(5):
-            timed_post(client, TEXT)
-        timed_post(client, image_request([photo_like(next(seeds))]))
-        text_alone = [timed_post(client, TEXT) for _ in range(args.text_requests)]
-        out["text_alone"] = text_alone
+            timed_post(client, text)
+        timed_post(client, image_bodies(1, 1, seeds)[0])
+        out["text_alone"] = [timed_post(client, text) for _ in range(args.text_requests)]
         for count in (1, 4):
-            bodies = [
-                image_request([photo_like(next(seeds)) for _ in range(count)])
-                for _ in range(args.requests)
-            ]
+            bodies = image_bodies(count, args.requests, seeds)
             cpu = session_cpu(session)
             out[f"serial_{count}"] = [timed_post(client, b) for b in bodies]
             out[f"cpu_{count}"] = (session_cpu(session) - cpu) / len(bodies)
-            bodies = [
-                image_request([photo_like(next(seeds)) for _ in range(count)])
-                for _ in range(args.requests)
-            ]
+            bodies = image_bodies(count, args.requests, seeds)
+            clients = [httpx.Client(base_url=url, timeout=300) for _ in range(args.concurrency)]
             start = time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
-                clients = [httpx.Client(base_url=url, timeout=300) for _ in range(args.concurrency)]
                 jobs = [
                     pool.submit(timed_post, clients[i % args.concurrency], b)
                     for i, b in enumerate(bodies)
                 ]
-                loaded = [j.result() for j in jobs]
-                for c in clients:
-                    c.close()
-            out[f"concurrent_{count}"] = loaded
+                out[f"concurrent_{count}"] = [j.result() for j in jobs]
             out[f"throughput_{count}"] = len(bodies) / (time.perf_counter() - start)
-        # Text renders while 4-image requests keep the server busy.
-        bodies = [
-            image_request([photo_like(next(seeds)) for _ in range(4)]) for _ in range(args.requests)
-        ]
-        busy = threading.Event()
-        text_busy: list[float] = []
-
-        def text_loop() -> None:
-            with httpx.Client(base_url=url, timeout=120) as text_client:
-                busy.wait()
-                while busy.is_set():
-                    text_busy.append(timed_post(text_client, TEXT))
-
-        thread = threading.Thread(target=text_loop)
-        thread.start()
-        with ThreadPoolExecutor(args.concurrency) as pool:
-            busy.set()
-            list(pool.map(lambda b: one_shot(url, b), bodies))
-        busy.clear()
-        thread.join()
-        out["text_busy"] = text_busy
+            for c in clients:
+                c.close()
+    # Text renders while 4-image requests keep the server busy.
+    bodies = image_bodies(4, args.requests, seeds)
+    context = multiprocessing.get_context("spawn")
+    started, stop, results = context.Event(), context.Event(), context.Queue()
+    probe = context.Process(target=text_probe, args=(url, started, stop, results))
+    probe.start()
+    clients = [httpx.Client(base_url=url, timeout=300) for _ in range(args.concurrency)]
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        started.set()
+        list(pool.map(timed_post, [clients[i % len(clients)] for i in range(len(bodies))], bodies))
+    stop.set()
+    out["text_busy"] = results.get(timeout=120)
+    probe.join()
+    for c in clients:
+        c.close()
     return out
 
 

@@ -179,7 +179,10 @@ class Service:
         metrics.observe_render((result,))
         if media is None:
             return MsgspecResponse(result)
-        return PartsResponse(await self.run(json_parts.encode_parts, result))
+        encoded = [i.kwargs_data_base64 for i in media.items if i.kwargs_data_base64 is not None]
+        if len(encoded) < len(media.items):  # mm_payload "none": no tensors to send
+            return MsgspecResponse(result)
+        return PartsResponse(json_parts.encode_parts(result, encoded))
 
     async def render_completion(self, request: Request) -> Response:
         data = await self.body(request)

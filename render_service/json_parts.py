@@ -3,7 +3,8 @@
 An image render answers with megabytes of base64 (``features.kwargs_data``). Encoding that into
 one JSON buffer costs a base64 pass plus every re-allocation of a growing buffer; instead the
 response is encoded with a marker where each payload goes, split at the markers, and the
-payloads, base64'd with SIMD, are sent between the pieces: nothing is concatenated.
+payloads, base64'd with SIMD (by the media workers, in parallel), are sent between the pieces:
+nothing is concatenated.
 """
 
 from __future__ import annotations
@@ -32,15 +33,20 @@ def _with_slots(features: dict[str, Any], payloads: list[bytes]) -> dict[str, An
     return {**features, "kwargs_data": slotted}
 
 
-def encode_parts(result: Any) -> list[bytes]:
-    """The JSON of a render result (a GenerateRequest struct) as pieces to send in order."""
+def encode_parts(result: Any, encoded: list[bytes] | None = None) -> list[bytes]:
+    """The JSON of a render result (a GenerateRequest struct) as pieces to send in order.
+
+    ``encoded``: the payloads' base64, in order, when the media workers already made it.
+    """
     payloads: list[bytes] = []
     features = getattr(result, "features", None)
     if features:
         result = msgspec.structs.replace(result, features=_with_slots(features, payloads))
+    if encoded is None:
+        encoded = [pybase64.b64encode(payload) for payload in payloads]
     pieces = _encoder.encode(result).split(_MARK)
     parts = [pieces[0]]
-    for payload, piece in zip(payloads, pieces[1:], strict=True):
-        parts.append(pybase64.b64encode(payload))
+    for text, piece in zip(encoded, pieces[1:], strict=True):
+        parts.append(text)
         parts.append(piece)
     return parts

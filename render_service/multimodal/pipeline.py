@@ -151,12 +151,16 @@ class MediaPipeline:
     def _new_pool(self) -> Executor:
         workers = max(1, self.settings.media_num_workers)
         if self.settings.media_executor == "thread":
-            threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="media")
-            threads.submit(work.ready)  # one compile serves every thread of the process
+            threads = ThreadPoolExecutor(
+                max_workers=workers, thread_name_prefix="media", initializer=work.init_worker
+            )
+            threads.submit(work.ready).result()  # one compile serves every thread of the process
             return threads
         # spawn: the server process has threads, which fork would copy in odd states.
         context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+        pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=context, initializer=work.init_worker
+        )
         for _ in range(workers):  # start the workers now, not on the first image request
             pool.submit(work.ready)
         return pool

@@ -121,25 +121,44 @@ def smart_resize(height: int, width: int, config: VisionConfig) -> tuple[int, in
     return h_bar, w_bar
 
 
-def patchify(image: NDArray[np.uint8], config: VisionConfig) -> ProcessedImage:
-    """(H, W, C) uint8 -> patch rows in Qwen2-VL's order (merge blocks contiguous)."""
+def patch_grid(height: int, width: int, config: VisionConfig) -> tuple[int, int, int]:
+    """The (t, h, w) patch grid of an image of this size, once resized."""
+    resized_h, resized_w = smart_resize(height, width, config)
+    return 1, resized_h // config.patch_size, resized_w // config.patch_size
+
+
+def patch_row_width(config: VisionConfig, channels: int = 3) -> int:
+    """Bytes per patch row: every channel's patch, repeated over the temporal slots."""
+    return channels * config.temporal_patch_size * config.patch_size**2
+
+
+def patchify(
+    image: NDArray[np.uint8], config: VisionConfig, out: NDArray[np.uint8] | None = None
+) -> ProcessedImage:
+    """(H, W, C) uint8 -> patch rows in Qwen2-VL's order (merge blocks contiguous).
+
+    ``out``, when given, receives the rows (a view into the serialized item, say).
+    """
     height, width, channels = image.shape
     p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
     grid_h, grid_w = height // p, width // p
     blocks = image.reshape(grid_h // m, m, p, grid_w // m, m, p, channels)
     # -> (h/m, w/m, m, m, channels, patch, patch); one still image fills every temporal slot.
     blocks = blocks.transpose(0, 3, 1, 4, 6, 2, 5)
-    rows = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], t, p, p)).reshape(
-        grid_h * grid_w, channels * t * p * p
-    )
+    shape = (*blocks.shape[:5], t, p, p)
+    if out is None:
+        out = np.empty((grid_h * grid_w, patch_row_width(config, channels)), np.uint8)
+    np.copyto(out.reshape(shape), np.broadcast_to(blocks[:, :, :, :, :, None], shape))
     return ProcessedImage(
-        pixel_values=np.ascontiguousarray(rows),
+        pixel_values=out,
         grid_thw=(1, grid_h, grid_w),
         num_tokens=grid_h * grid_w // (m * m),
     )
 
 
-def process_image(rgb: NDArray[np.uint8], config: VisionConfig) -> ProcessedImage:
+def process_image(
+    rgb: NDArray[np.uint8], config: VisionConfig, out: NDArray[np.uint8] | None = None
+) -> ProcessedImage:
     """An (H, W, 3) uint8 RGB image -> the engine's ``pixel_values`` and ``image_grid_thw``."""
     # Imported here: numba costs text-only servers 0.6 s of start-up and 40 MB if loaded.
     from render_service.multimodal.resample import resize_bicubic_u8
@@ -147,4 +166,4 @@ def process_image(rgb: NDArray[np.uint8], config: VisionConfig) -> ProcessedImag
     height, width = rgb.shape[:2]
     target_h, target_w = smart_resize(height, width, config)
     resized = resize_bicubic_u8(rgb, target_h, target_w)
-    return patchify(resized, config)
+    return patchify(resized, config, out)

@@ -46,6 +46,51 @@ def pixel_field(pixel_values: NDArray[np.uint8], batch_slices: Slices) -> dict[s
     }
 
 
+def _ext_header(size: int, code: int) -> bytes:
+    """The msgpack header of an extension value of ``size`` bytes (the spec's shortest form)."""
+    fixed = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+    if size in fixed:
+        return bytes([fixed[size], code])
+    if size < 1 << 8:
+        return b"\xc7" + size.to_bytes(1, "big") + bytes([code])
+    if size < 1 << 16:
+        return b"\xc8" + size.to_bytes(2, "big") + bytes([code])
+    return b"\xc9" + size.to_bytes(4, "big") + bytes([code])
+
+
+# Stands in for the pixel bytes while the rest of the item is encoded; it cannot occur in an
+# item otherwise (no other extension value, and no string contains it).
+_SLOT = msgspec.msgpack.Ext(_TENSOR_EXT, b"render-service: pixel rows go here")
+
+
+def image_item(
+    grid_thw: tuple[int, int, int], row_width: int, batch_slices: Slices
+) -> tuple[bytearray, NDArray[np.uint8]]:
+    """One image's ``kwargs_data`` item with its pixel rows still to fill, and a view of them.
+
+    The patch rows are written straight into the serialized item, not copied there after.
+    """
+    rows = grid_thw[0] * grid_thw[1] * grid_thw[2]
+    size = rows * row_width
+    skeleton = encode_item(
+        {
+            "image_grid_thw": grid_field(grid_thw),
+            "pixel_values": {
+                "data": ["uint8", [rows, row_width], _SLOT],
+                "field": ["flat", {"keep_on_cpu": False, "slices": batch_slices, "dim": 0}],
+            },
+        }
+    )
+    before, after = skeleton.split(_encoder.encode(_SLOT))
+    header = _ext_header(size, _TENSOR_EXT)
+    item = bytearray(len(before) + len(header) + size + len(after))
+    start = len(before) + len(header)
+    item[:start] = before + header
+    item[start + size :] = after
+    pixels = np.frombuffer(item, np.uint8, count=size, offset=start).reshape(rows, row_width)
+    return item, pixels
+
+
 def batch_slices(row_counts: list[int]) -> Slices:
     """``[[[start, stop, None]], ...]``: each item's rows in the concatenated batch."""
     out: Slices = []

@@ -8,15 +8,25 @@ reason; the caller adds which message and part failed.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from typing import Any
 
 import msgspec
+import pybase64
 
 from render_service.errors import InvalidRequest
 from render_service.multimodal import serialize
 from render_service.multimodal.decode import open_header, open_image, to_rgb
 from render_service.multimodal.hashing import EncodedImage, image_hash
-from render_service.multimodal.qwen2_vl import VisionConfig, process_image, smart_resize
+from render_service.multimodal.memory import keep_freed_buffers
+from render_service.multimodal.qwen2_vl import (
+    VisionConfig,
+    patch_grid,
+    patch_row_width,
+    process_image,
+)
 
 
 class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -24,7 +34,8 @@ class MediaItem(msgspec.Struct, frozen=True, kw_only=True):
 
     mm_hash: str
     num_tokens: int
-    kwargs_data: bytes | None  # msgpack; JSON-encoded as base64 text
+    kwargs_data: bytes | bytearray | None  # msgpack; JSON-encoded as base64 text
+    kwargs_data_base64: bytes | None  # that text, made here rather than on the event loop
     mm_metadata: bytes | None
 
 
@@ -40,6 +51,18 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     slices: serialize.Slices | None  # None: mm_payload "none", no tensors
 
 
+# Image work runs below the server's own threads in CPU priority, so the event loop and text
+# renders keep their latency while images take whatever CPU is left.
+MEDIA_NICENESS = 10
+
+
+def init_worker() -> None:
+    """Pool initializer: a lower CPU priority for the worker, glibc tuned for big buffers."""
+    if sys.platform == "linux":  # per thread there; elsewhere it would slow the whole server
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), MEDIA_NICENESS)
+    keep_freed_buffers()
+
+
 def ready() -> None:
     """Get a worker ready ahead of real work: the process started, the resize compiled."""
     from render_service.multimodal.resample import warm_up  # numba: see qwen2_vl.process_image
@@ -47,22 +70,32 @@ def ready() -> None:
     warm_up()
 
 
+def _grid(height: int, width: int, vision: VisionConfig) -> tuple[int, int, int]:
+    try:
+        return patch_grid(height, width, vision)
+    except InvalidRequest as exc:
+        raise ValueError(exc.message) from exc
+
+
 def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:
     """How many patch rows the image will have, from its header alone (cheap: run inline)."""
     width, height = open_header(data, max_pixels)
-    try:
-        resized_h, resized_w = smart_resize(height, width, vision)
-    except InvalidRequest as exc:
-        raise ValueError(exc.message) from exc
-    return (resized_h // vision.patch_size) * (resized_w // vision.patch_size)
+    _, grid_h, grid_w = _grid(height, width, vision)
+    return grid_h * grid_w
 
 
 def run(job: Job) -> MediaItem:
     """Decode, preprocess, hash and serialize one image."""
     image = open_image(job.data, job.max_pixels)
     converted = image.mode != "RGB"
+    rgb = to_rgb(image, job.background)
+    kwargs_data = metadata = rows = None
+    if job.slices is not None:
+        grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
+        kwargs_data, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
+        metadata = serialize.encode_item({"image_grid_thw": serialize.grid_field(grid)})
     try:
-        processed = process_image(to_rgb(image, job.background), job.vision)
+        processed = process_image(rgb, job.vision, out=rows)
     except InvalidRequest as exc:
         raise ValueError(exc.message) from exc
     io_config = (
@@ -71,19 +104,10 @@ def run(job: Job) -> MediaItem:
     mm_hash = image_hash(
         job.model_id, EncodedImage(job.data, io_config), job.mm_kwargs, job.io_kwargs, job.uuid
     )
-    kwargs_data = metadata = None
-    if job.slices is not None:
-        grid = serialize.grid_field(processed.grid_thw)
-        kwargs_data = serialize.encode_item(
-            {
-                "image_grid_thw": grid,
-                "pixel_values": serialize.pixel_field(processed.pixel_values, job.slices),
-            }
-        )
-        metadata = serialize.encode_item({"image_grid_thw": grid})
     return MediaItem(
         mm_hash=mm_hash,
         num_tokens=processed.num_tokens,
         kwargs_data=kwargs_data,
+        kwargs_data_base64=None if kwargs_data is None else pybase64.b64encode(kwargs_data),
         mm_metadata=metadata,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import msgspec
@@ -42,6 +43,9 @@ def test_pieces_join_to_the_one_shot_encoding(
     assert b"".join(parts) == msgspec.json.encode(result)
     # Every payload went out as a piece of its own, never copied into the JSON around it.
     assert len(parts) == 1 + 2 * (len(images) + len(videos))
+    # Base64 made ahead of time (by the media workers) gives the same bytes.
+    encoded = [base64.b64encode(payload) for payload in images + videos]
+    assert encode_parts(result, encoded) == parts
 
 
 def test_results_without_payloads_are_one_piece() -> None:

@@ -186,3 +186,29 @@ def test_item_round_trips_through_msgpack() -> None:
         [[0, out.pixel_values.shape[0], None]],
         [[out.pixel_values.shape[0], out.pixel_values.shape[0] + 10, None]],
     ]
+
+
+@pytest.mark.parametrize(
+    ("grid", "row_width"),
+    [
+        ((1, 1, 1), 1),  # fixext 1
+        ((1, 2, 2), 4),  # fixext 16
+        ((1, 2, 5), 20),  # ext 8
+        ((1, 4, 4), 1176),  # ext 16
+        ((1, 8, 8), 1176),  # ext 32
+    ],
+)
+def test_item_filled_in_place_is_the_item_encoded_whole(
+    grid: tuple[int, int, int], row_width: int
+) -> None:
+    slices = serialize.batch_slices([grid[1] * grid[2], 3])
+    item, rows = serialize.image_item(grid, row_width, slices)
+    pixels = np.random.default_rng(row_width).integers(0, 256, rows.shape, dtype=np.uint8)
+    rows[:] = pixels
+    whole = serialize.encode_item(
+        {
+            "image_grid_thw": serialize.grid_field(grid),
+            "pixel_values": serialize.pixel_field(pixels, slices),
+        }
+    )
+    assert bytes(item) == whole
