@@ -5,12 +5,11 @@ Every request carries fresh images (a different seed per image), so neither serv
 from a processor cache. Images are JPEG data URLs, as clients usually send them. Request bodies
 are encoded before the clock starts and responses are read but not parsed, so the client's own
 JSON work stays out of the latencies; the text probe under load runs in a process of its own.
-The peer (vLLM 0.33.0's ``vllm launch render``) is measured the same way when ``--peer`` points
-at the ``vllm`` executable of its own environment (shared/peer/INSTALL.md, plus torchvision for
-Qwen2.5-VL: see bench/README.md).
-Servers run one at a time. From the repo root:
+The peer (vLLM 0.33.0's ``vllm launch render``, from bench's own venv, installed on first use
+with torchvision's transforms added: ``peer.ensure_vision``) is measured the same way. Servers
+run one at a time; the report goes to bench/results/<date>-images.md. From the repo root:
 
-    PYTHONPATH=. python bench/mm_bench.py [--requests 20] [--concurrency 4] [--peer .venv-vllm/bin/vllm]
+    PYTHONPATH=. python bench/mm_bench.py [--requests 20] [--concurrency 4] [--no-peer]
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +36,8 @@ from typing import Any
 import httpx
 import numpy as np
 from PIL import Image
+
+from bench import peer
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / ".." / "shared" / "models"
@@ -164,7 +166,7 @@ def pct(values: list[float], q: float) -> float:
 def run_server(
     url: str, session: int, args: argparse.Namespace, seeds: Iterator[int]
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"concurrency": args.concurrency}
     text = encoded(TEXT)
     with httpx.Client(base_url=url, timeout=120) as client:
         for _ in range(5):
@@ -195,7 +197,7 @@ def run_server(
     probe = context.Process(target=text_probe, args=(url, started, stop, results))
     probe.start()
     clients = [httpx.Client(base_url=url, timeout=300) for _ in range(args.concurrency)]
-    with ThreadPoolExecutor(args.concurrency) as pool:
+    with ThreadPoolExecutor(args.concurrency, initializer=_quiet_load_thread) as pool:
         started.set()
         list(pool.map(timed_post, [clients[i % len(clients)] for i in range(len(bodies))], bodies))
     stop.set()
@@ -206,25 +208,55 @@ def run_server(
     return out
 
 
-def report(name: str, result: dict[str, Any]) -> None:
-    print(f"\n## {name}")
-    print("| measurement | p50 ms | p90 ms | p99 ms | n |")
-    print("|---|---:|---:|---:|---:|")
-    for key in ("text_alone", "text_busy", "serial_1", "serial_4", "concurrent_1", "concurrent_4"):
+def _quiet_load_thread() -> None:
+    """The busy phase's image clients run at low CPU priority (Linux: per thread): reading
+    30 MB responses in Python is client work that would otherwise delay the text probe too."""
+    if sys.platform == "linux":
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+
+
+ROWS = ("text_alone", "text_busy", "serial_1", "serial_4", "concurrent_1", "concurrent_4")
+
+
+def report(name: str, result: dict[str, Any]) -> list[str]:
+    lines = [f"## {name}", "", "| measurement | p50 ms | p90 ms | p99 ms | n |"]
+    lines.append("|---|---:|---:|---:|---:|")
+    for key in ROWS:
         values = result[key]
-        print(
+        lines.append(
             f"| {key} | {pct(values, 0.5):.1f} | {pct(values, 0.9):.1f} | {pct(values, 0.99):.1f} "
             f"| {len(values)} |"
         )
+    lines.append("")
     for count in (1, 4):
-        print(
-            f"{count} image(s)/request: throughput {result[f'throughput_{count}']:.2f} req/s, "
-            f"server CPU {result[f'cpu_{count}'] * 1000:.0f} ms per request (serial phase)"
+        lines.append(
+            f"- {count} image(s)/request: throughput {result[f'throughput_{count}']:.2f} req/s at "
+            f"concurrency {result['concurrency']}, server CPU "
+            f"{result[f'cpu_{count}'] * 1000:.0f} ms per request (serial phase)"
         )
-    print(
-        f"text mean alone {statistics.mean(result['text_alone']) * 1000:.1f} ms, "
+    lines.append(
+        f"- text mean alone {statistics.mean(result['text_alone']) * 1000:.1f} ms, "
         f"while images load {statistics.mean(result['text_busy']) * 1000:.1f} ms"
     )
+    return [*lines, ""]
+
+
+def comparison(ours: dict[str, Any], peer: dict[str, Any]) -> list[str]:
+    """Ours over vLLM's: below 1 is better for latency and CPU, above 1 for throughput."""
+    lines = ["## Side by side", "", "| measurement | vLLM 0.33.0 | render-service | ratio |"]
+    lines.append("|---|---:|---:|---:|")
+    for key in ROWS:
+        for q, label in ((0.5, "p50"), (0.99, "p99")):
+            a, b = pct(peer[key], q), pct(ours[key], q)
+            lines.append(f"| {key} {label} ms | {a:.1f} | {b:.1f} | {b / a:.2f} |")
+    for count in (1, 4):
+        a, b = peer[f"throughput_{count}"], ours[f"throughput_{count}"]
+        lines.append(f"| throughput, {count} image(s) req/s | {a:.2f} | {b:.2f} | {b / a:.2f} |")
+        a, b = peer[f"cpu_{count}"] * 1000, ours[f"cpu_{count}"] * 1000
+        lines.append(
+            f"| server CPU/request, {count} image(s) ms | {a:.0f} | {b:.0f} | {b / a:.2f} |"
+        )
+    return [*lines, ""]
 
 
 def main() -> None:
@@ -235,11 +267,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--media-num-workers", type=int, default=2)
     parser.add_argument("--media-executor", choices=["process", "thread"], default="thread")
-    parser.add_argument("--peer", default=None, help="path of the peer's `vllm` executable")
+    parser.add_argument("--peer-venv", default=None, help="the peer's venv (default: bench's)")
+    parser.add_argument("--no-peer", action="store_true", help="measure render-service only")
+    parser.add_argument("--out", default=None, help="report path (default: bench/results/)")
     args = parser.parse_args()
     seeds = iter(range(10**9))
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     port = free_port()
-    ours = [
+    ours_cmd = [
         sys.executable,
         "-m",
         "render_service",
@@ -255,23 +290,37 @@ def main() -> None:
         args.media_executor,
     ]
     env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    with server(ours, port, env, MODELS) as (url, pid):
-        report("render-service", run_server(url, pid, args, seeds))
-    if args.peer:
+    with server(ours_cmd, port, env, MODELS) as (url, pid):
+        ours = run_server(url, pid, args, seeds)
+    lines = [
+        "# Image render: render-service vs vLLM 0.33.0",
+        "",
+        f"`PYTHONPATH=. python bench/mm_bench.py {' '.join(sys.argv[1:])}`, started {started}, "
+        f"model {args.model}, {args.requests} requests per row, 1280x720 JPEG images "
+        f"(a fresh image per request), render-service with `--workers 1 --media-num-workers "
+        f"{args.media_num_workers} --media-executor {args.media_executor}`. serial_N: one client, "
+        f"N images per request; concurrent_N: {args.concurrency} clients; text_busy: text renders "
+        f"from a separate process while {args.concurrency} clients send 4-image requests.",
+        "",
+    ]
+    if not args.no_peer:
+        venv = peer.venv_dir(args.peer_venv)
+        peer.ensure_installed(venv)
+        peer.ensure_vision(venv)
         port = free_port()
-        peer = [
-            args.peer,
-            "launch",
-            "render",
-            args.model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-        peer_env = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-        with server(peer, port, peer_env, MODELS) as (url, pid):
-            report("vLLM 0.33.0 launch render", run_server(url, pid, args, seeds))
+        with server(
+            peer.server_command(venv, Path(args.model), port, []),
+            port,
+            {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
+            MODELS,
+        ) as (url, pid):
+            theirs = run_server(url, pid, args, seeds)
+        lines += comparison(ours, theirs) + report("vLLM 0.33.0 launch render", theirs)
+    lines += report("render-service", ours)
+    out = Path(args.out) if args.out else REPO / "bench" / "results" / f"{started[:10]}-images.md"
+    out.write_text("\n".join(lines))
+    print("\n".join(lines))
+    print(f"report: {out}")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,40 @@ def ensure_installed(venv: Path, log: Callable[[str], None] = print) -> None:
     log("peer: install finished")
 
 
+TORCHVISION_VERSION = "0.28.0"  # the golden corpus's, built for torch 2.13
+_VISION_MARKER = ".render-bench-vision"
+# PyPI's torchvision is a CUDA build: its C++ ops cannot load beside the CPU torch, and its
+# module then fails on registering fake kernels for two of those ops (nms, qnms). Qwen2-VL's
+# processor only needs the Python transforms, so those two registrations are made conditional.
+_FAKE_NMS = '@torch.library.register_fake("torchvision::{op}")'
+_GUARDED_NMS = (
+    '@(torch.library.register_fake("torchvision::{op}") '
+    "if torchvision.extension._has_ops() else (lambda f: f))"
+)
+
+
+def ensure_vision(venv: Path, log: Callable[[str], None] = print) -> None:
+    """Add torchvision's image transforms to the peer (image render needs them)."""
+    if (venv / _VISION_MARKER).exists():
+        return
+    log(f"peer: installing torchvision {TORCHVISION_VERSION} (Python transforms only)")
+    py = venv / "bin" / "python"
+    _run([str(py), "-m", "pip", "install", "--no-deps", f"torchvision=={TORCHVISION_VERSION}"])
+    found = subprocess.run(
+        [str(py), "-c", "import importlib.util as u; print(u.find_spec('torchvision').origin)"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    registrations = Path(found.stdout.strip()).parent / "_meta_registrations.py"
+    text = registrations.read_text()
+    for op in ("nms", "qnms"):
+        text = text.replace(_FAKE_NMS.format(op=op), _GUARDED_NMS.format(op=op))
+    registrations.write_text(text)
+    _run([str(py), "-c", "import torchvision.transforms.v2"])
+    (venv / _VISION_MARKER).write_text(f"torchvision=={TORCHVISION_VERSION}\n")
+
+
 def _run(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True)
 

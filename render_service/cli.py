@@ -120,7 +120,10 @@ def _media_flags(serve: argparse.ArgumentParser) -> None:
         "--allowed-local-media-path", default=None, help="directory that file: image URLs may read"
     )
     serve.add_argument(
-        "--media-num-workers", type=int, default=1, help="threads that decode and process images"
+        "--media-num-workers",
+        type=int,
+        default=None,
+        help="threads that decode and process images (default: one per core)",
     )
     serve.add_argument(
         "--media-executor",
@@ -145,7 +148,7 @@ def _media_settings(args: argparse.Namespace) -> dict[str, Any]:
         "mm_processor_kwargs": args.mm_processor_kwargs,
         "media_io_kwargs": args.media_io_kwargs,
         "allowed_local_media_path": args.allowed_local_media_path,
-        "media_num_workers": args.media_num_workers,
+        "media_num_workers": args.media_num_workers or max(1, os.cpu_count() or 1),
         "media_executor": args.media_executor,
         "allow_private_media_urls": args.allow_private_media_urls,
         "media_fetch_timeout": args.media_fetch_timeout,
