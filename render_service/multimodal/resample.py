@@ -14,6 +14,8 @@ on-disk cache: it needs a writable directory, which read-only containers do not 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 from numpy.typing import NDArray
@@ -29,8 +31,12 @@ def _cubic(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
 
 
+@functools.lru_cache(maxsize=256)  # a millisecond each; images come in a few common sizes
 def axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArray[np.int32], int]:
-    """Per output pixel: tap indices (out, taps), int16-range weights (out, taps), precision."""
+    """Per output pixel: tap indices (out, taps), int16-range weights (out, taps), precision.
+
+    Cached, so the arrays are shared: read them, never write them.
+    """
     scale = in_size / out_size
     support = 2.0 * scale if scale >= 1.0 else 2.0
     inv = 1.0 / scale if scale >= 1.0 else 1.0
@@ -50,7 +56,9 @@ def axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArray
     scaled = weights * (1 << precision)
     fixed = np.where(scaled < 0, np.trunc(scaled - 0.5), np.trunc(scaled + 0.5)).astype(np.int32)
     # Invalid taps have weight 0; pointing them at a real row keeps the kernel branch-free.
-    return np.minimum(index, in_size - 1).astype(np.intp), fixed, precision
+    taps_at = np.minimum(index, in_size - 1).astype(np.intp)
+    taps_at.flags.writeable = fixed.flags.writeable = False
+    return taps_at, fixed, precision
 
 
 @njit(nogil=True)
@@ -133,5 +141,12 @@ def resize_bicubic_u8(image: NDArray[np.uint8], height: int, width: int) -> NDAr
 
 
 def warm_up() -> None:
-    """Compile the kernels now (both passes run), so no request waits for the compiler."""
-    resize_bicubic_u8(np.zeros((2, 2, 3), np.uint8), 3, 3)
+    """Compile the kernels now (both passes run), so no request waits for the compiler.
+
+    numba compiles once per argument type, and read-only arrays (what ``np.asarray`` makes of
+    a Pillow image) are a type of their own, so both kinds are run.
+    """
+    image = np.zeros((2, 2, 3), np.uint8)
+    resize_bicubic_u8(image, 3, 3)
+    image.flags.writeable = False
+    resize_bicubic_u8(image, 3, 3)

@@ -212,3 +212,16 @@ def test_item_filled_in_place_is_the_item_encoded_whole(
         }
     )
     assert bytes(item) == whole
+
+
+def test_warm_up_compiles_what_decoded_images_need() -> None:
+    from render_service.multimodal import resample
+    from render_service.multimodal.decode import to_rgb
+
+    resample.warm_up()
+    kernels = (resample._resample_columns, resample._resample_rows)
+    compiled = [len(kernel.signatures) for kernel in kernels]
+    for mode in ("RGB", "RGBA", "L"):
+        rgb = to_rgb(Image.new(mode, (30, 20)), (255, 255, 255))
+        resample.resize_bicubic_u8(rgb, 28, 56)
+    assert [len(kernel.signatures) for kernel in kernels] == compiled
