@@ -10,7 +10,6 @@ them. Local files are read in the media pool, only under ``--allowed-local-media
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import ipaddress
 import socket
@@ -19,6 +18,7 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 import httpx
 import msgspec
+import pybase64
 
 from render_service.errors import InvalidRequest
 
@@ -46,9 +46,9 @@ def decode_data_url(url: str) -> bytes:
     if not header.endswith(";base64"):
         raise ValueError("only base64 data URLs are supported")
     try:
-        return base64.b64decode(payload, validate=True)
+        return pybase64.b64decode(payload, validate=True)
     except binascii.Error as exc:
-        raise ValueError(f"Non-base64 digit found ({exc})") from exc
+        raise ValueError("Non-base64 digit found") from exc  # vLLM's words for every case
 
 
 def _is_public(address: str) -> bool:
