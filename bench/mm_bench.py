@@ -6,16 +6,18 @@ from a processor cache. Images are JPEG data URLs, as clients usually send them.
 are encoded before the clock starts and responses are read but not parsed, so the client's own
 JSON work stays out of the latencies; the text probe under load runs in a process of its own.
 The peer (vLLM 0.33.0's ``vllm launch render``, from bench's own venv, installed on first use
-with torchvision's transforms added: ``peer.ensure_vision``) is measured the same way. Servers
-run one at a time; the report goes to bench/results/<date>-images.md. From the repo root:
+with torchvision's transforms added: ``peer.ensure_vision``) is measured the same way. Both
+servers stay up while rounds alternate between them; the report goes to
+bench/results/<date>-images.md. From the repo root:
 
-    PYTHONPATH=. python bench/mm_bench.py [--requests 20] [--concurrency 4] [--no-peer]
+    PYTHONPATH=. python bench/mm_bench.py [--rounds 3] [--requests 20] [--no-peer]
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import io
 import json
 import multiprocessing
@@ -259,10 +261,30 @@ def comparison(ours: dict[str, Any], peer: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Latency samples pooled over the rounds; throughput and CPU their median."""
+    out: dict[str, Any] = {"concurrency": rounds[0]["concurrency"]}
+    for key in ROWS:
+        out[key] = [value for r in rounds for value in r[key]]
+    for count in (1, 4):
+        for key in (f"throughput_{count}", f"cpu_{count}"):
+            out[key] = statistics.median(r[key] for r in rounds)
+    return out
+
+
+def spread(name: str, rounds: list[dict[str, Any]]) -> str:
+    p50s = ", ".join(
+        f"{key} {min(pct(r[key], 0.5) for r in rounds):.1f}-{max(pct(r[key], 0.5) for r in rounds):.1f}"
+        for key in ROWS
+    )
+    return f"- {name}, p50 ms per round (lowest-highest): {p50s}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-vl", help="directory name under shared/models")
-    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=20, help="requests per row and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--text-requests", type=int, default=50)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--media-num-workers", type=int, default=2)
@@ -273,50 +295,68 @@ def main() -> None:
     args = parser.parse_args()
     seeds = iter(range(10**9))
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    port = free_port()
-    ours_cmd = [
-        sys.executable,
-        "-m",
-        "render_service",
-        "serve",
-        args.model,
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--media-num-workers",
-        str(args.media_num_workers),
-        "--media-executor",
-        args.media_executor,
+    names = ["render-service"] if args.no_peer else ["render-service", "vLLM 0.33.0 launch render"]
+    ports = [free_port() for _ in names]
+    commands = [
+        [
+            sys.executable,
+            "-m",
+            "render_service",
+            "serve",
+            args.model,
+            "--port",
+            str(ports[0]),
+            "--workers",
+            "1",
+            "--media-num-workers",
+            str(args.media_num_workers),
+            "--media-executor",
+            args.media_executor,
+        ]
     ]
-    env = {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    with server(ours_cmd, port, env, MODELS) as (url, pid):
-        ours = run_server(url, pid, args, seeds)
-    lines = [
-        "# Image render: render-service vs vLLM 0.33.0",
-        "",
-        f"`PYTHONPATH=. python bench/mm_bench.py {' '.join(sys.argv[1:])}`, started {started}, "
-        f"model {args.model}, {args.requests} requests per row, 1280x720 JPEG images "
-        f"(a fresh image per request), render-service with `--workers 1 --media-num-workers "
-        f"{args.media_num_workers} --media-executor {args.media_executor}`. serial_N: one client, "
-        f"N images per request; concurrent_N: {args.concurrency} clients; text_busy: text renders "
-        f"from a separate process while {args.concurrency} clients send 4-image requests.",
-        "",
-    ]
+    envs = [{"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}]
     if not args.no_peer:
         venv = peer.venv_dir(args.peer_venv)
         peer.ensure_installed(venv)
         peer.ensure_vision(venv)
-        port = free_port()
-        with server(
-            peer.server_command(venv, Path(args.model), port, []),
-            port,
-            {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"},
-            MODELS,
-        ) as (url, pid):
-            theirs = run_server(url, pid, args, seeds)
-        lines += comparison(ours, theirs) + report("vLLM 0.33.0 launch render", theirs)
-    lines += report("render-service", ours)
+        commands.append(peer.server_command(venv, Path(args.model), ports[1], []))
+        envs.append({"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"})
+    rounds: list[list[dict[str, Any]]] = [[] for _ in names]
+    with contextlib.ExitStack() as stack:
+        running = [
+            stack.enter_context(server(cmd, port, env, MODELS))
+            for cmd, port, env in zip(commands, ports, envs, strict=True)
+        ]
+        # Both servers stay up; rounds alternate which goes first, so drifting load on the
+        # machine falls on both alike.
+        for number in range(args.rounds):
+            order = list(range(len(names)))
+            if number % 2:
+                order.reverse()
+            for i in order:
+                print(f"round {number + 1}/{args.rounds}: {names[i]}", flush=True)
+                url, pid = running[i]
+                rounds[i].append(run_server(url, pid, args, seeds))
+    results = [merged(r) for r in rounds]
+    lines = [
+        "# Image render: " + " vs ".join(n.removesuffix(" launch render") for n in names),
+        "",
+        f"`PYTHONPATH=. python bench/mm_bench.py {' '.join(sys.argv[1:])}`, started {started}, "
+        f"model {args.model}, {args.rounds} rounds of {args.requests} requests per row and server "
+        f"(both servers up, rounds alternating which goes first; latencies pooled over the rounds, "
+        f"throughput and CPU their median), 1280x720 JPEG images (a fresh image per request), "
+        f"render-service with `--workers 1 --media-num-workers {args.media_num_workers} "
+        f"--media-executor {args.media_executor}`. serial_N: one client, N images per request; "
+        f"concurrent_N: {args.concurrency} clients; text_busy: text renders from a separate "
+        f"process while {args.concurrency} clients send 4-image requests.",
+        "",
+    ]
+    if not args.no_peer:
+        lines += comparison(results[0], results[1])
+    lines += ["## Spread between rounds", ""]
+    lines += [spread(name, r) for name, r in zip(names, rounds, strict=True)] + [""]
+    for name, result in reversed(list(zip(names, results, strict=True))):
+        lines += report(name, result)
     out = Path(args.out) if args.out else REPO / "bench" / "results" / f"{started[:10]}-images.md"
     out.write_text("\n".join(lines))
     print("\n".join(lines))
