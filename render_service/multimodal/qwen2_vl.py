@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from render_service.errors import InvalidRequest
+from render_service.multimodal.halves import Helper, over_halves
 
 
 class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,11 +134,15 @@ def patch_row_width(config: VisionConfig, channels: int = 3) -> int:
 
 
 def patchify(
-    image: NDArray[np.uint8], config: VisionConfig, out: NDArray[np.uint8] | None = None
+    image: NDArray[np.uint8],
+    config: VisionConfig,
+    out: NDArray[np.uint8] | None = None,
+    helper: Helper | None = None,
 ) -> ProcessedImage:
     """(H, W, C) uint8 -> patch rows in Qwen2-VL's order (merge blocks contiguous).
 
-    ``out``, when given, receives the rows (a view into the serialized item, say).
+    ``out``, when given, receives the rows (a view into the serialized item, say); ``helper``
+    copies half of them.
     """
     height, width, channels = image.shape
     p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
@@ -148,7 +153,8 @@ def patchify(
     shape = (*blocks.shape[:5], t, p, p)
     if out is None:
         out = np.empty((grid_h * grid_w, patch_row_width(config, channels)), np.uint8)
-    np.copyto(out.reshape(shape), np.broadcast_to(blocks[:, :, :, :, :, None], shape))
+    target, source = out.reshape(shape), np.broadcast_to(blocks[:, :, :, :, :, None], shape)
+    over_halves(helper, lambda a, b: np.copyto(target[a:b], source[a:b]), shape[0])
     return ProcessedImage(
         pixel_values=out,
         grid_thw=(1, grid_h, grid_w),
@@ -157,7 +163,10 @@ def patchify(
 
 
 def process_image(
-    rgb: NDArray[np.uint8], config: VisionConfig, out: NDArray[np.uint8] | None = None
+    rgb: NDArray[np.uint8],
+    config: VisionConfig,
+    out: NDArray[np.uint8] | None = None,
+    helper: Helper | None = None,
 ) -> ProcessedImage:
     """An (H, W, 3) uint8 RGB image -> the engine's ``pixel_values`` and ``image_grid_thw``."""
     # Imported here: numba costs text-only servers 0.6 s of start-up and 40 MB if loaded.
@@ -165,5 +174,5 @@ def process_image(
 
     height, width = rgb.shape[:2]
     target_h, target_w = smart_resize(height, width, config)
-    resized = resize_bicubic_u8(rgb, target_h, target_w)
-    return patchify(resized, config, out)
+    resized = resize_bicubic_u8(rgb, target_h, target_w, helper)
+    return patchify(resized, config, out, helper)

@@ -20,6 +20,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
+from render_service.multimodal.halves import Helper, over_halves
+
 _BAND = 16  # image rows per step of the horizontal pass
 
 
@@ -120,23 +122,34 @@ def _resample_columns(
                     out[y0 + y, x, c] = min(max(acc[3 * y + c] >> precision, 0), 255)
 
 
-def resize_bicubic_u8(image: NDArray[np.uint8], height: int, width: int) -> NDArray[np.uint8]:
-    """Antialiased bicubic resize of an (H, W, 3) uint8 image, torch's uint8 arithmetic."""
+def resize_bicubic_u8(
+    image: NDArray[np.uint8], height: int, width: int, helper: Helper | None = None
+) -> NDArray[np.uint8]:
+    """Antialiased bicubic resize of an (H, W, 3) uint8 image, torch's uint8 arithmetic.
+
+    With a free ``helper``, each pass is split in two bands of rows, one running there.
+    """
     if image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"expected an (H, W, 3) image, got shape {image.shape}")
     out = np.ascontiguousarray(image)
     if width != out.shape[1]:
         index, weights, precision = axis_weights(out.shape[1], width)
-        wide = np.empty((out.shape[0], width, 3), np.uint8)
-        _resample_columns(out, index, weights, precision, wide)
+        src, wide = out, np.empty((out.shape[0], width, 3), np.uint8)
+        over_halves(
+            helper,
+            lambda a, b: _resample_columns(src[a:b], index, weights, precision, wide[a:b]),
+            src.shape[0],
+        )
         out = wide
     if height != out.shape[0]:
         index, weights, precision = axis_weights(out.shape[0], height)
-        tall = np.empty((height, out.shape[1], 3), np.uint8)
-        _resample_rows(
-            out.reshape(out.shape[0], -1), index, weights, precision, tall.reshape(height, -1)
+        rows, tall = out.reshape(out.shape[0], -1), np.empty((height, out.shape[1] * 3), np.uint8)
+        over_halves(
+            helper,
+            lambda a, b: _resample_rows(rows, index[a:b], weights[a:b], precision, tall[a:b]),
+            height,
         )
-        out = tall
+        out = tall.reshape(height, -1, 3)
     return out
 
 

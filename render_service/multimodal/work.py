@@ -8,6 +8,7 @@ reason; the caller adds which message and part failed.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -19,6 +20,7 @@ import pybase64
 from render_service.errors import InvalidRequest
 from render_service.multimodal import serialize
 from render_service.multimodal.decode import open_header, open_image, to_rgb
+from render_service.multimodal.halves import Helper
 from render_service.multimodal.hashing import EncodedImage, image_hash
 from render_service.multimodal.memory import keep_freed_buffers
 from render_service.multimodal.qwen2_vl import (
@@ -63,6 +65,13 @@ def init_worker() -> None:
     keep_freed_buffers()
 
 
+@functools.cache
+def helper() -> Helper | None:
+    """The process's spare thread for halves of an image's resize and patch copy (None on a
+    single core)."""
+    return Helper(init_worker) if (os.cpu_count() or 1) > 1 else None
+
+
 def ready() -> None:
     """Get a worker ready ahead of real work: the process started, the resize compiled."""
     from render_service.multimodal.resample import warm_up  # numba: see qwen2_vl.process_image
@@ -95,7 +104,7 @@ def run(job: Job) -> MediaItem:
         kwargs_data, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
         metadata = serialize.encode_item({"image_grid_thw": serialize.grid_field(grid)})
     try:
-        processed = process_image(rgb, job.vision, out=rows)
+        processed = process_image(rgb, job.vision, out=rows, helper=helper())
     except InvalidRequest as exc:
         raise ValueError(exc.message) from exc
     io_config = (
