@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from render_service.render import Renderer
-from render_service.settings import Settings
+if TYPE_CHECKING:
+    from render_service.render import Renderer
+    from render_service.settings import Settings
 
 __all__ = ["Renderer", "Settings", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: image worker processes import this package too and need none of transformers.
+    if name == "Renderer":
+        from render_service.render import Renderer
+
+        return Renderer
+    if name == "Settings":
+        from render_service.settings import Settings
+
+        return Settings
+    raise AttributeError(f"module 'render_service' has no attribute {name!r}")

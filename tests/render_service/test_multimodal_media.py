@@ -7,6 +7,8 @@ only because these tests allow private addresses; the refusal tests never connec
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -272,3 +274,9 @@ def test_process_pool_gives_the_same_items_and_errors() -> None:
 def test_limit_accepts_a_count_object() -> None:
     body = chat_body(*(data_url(image_bytes(56, 56, seed=i)) for i in range(2)))
     refused(pipeline(limit_mm_per_prompt={"image": {"count": 1}}), body)
+
+
+def test_image_workers_do_not_import_transformers() -> None:
+    # A --media-executor process worker imports the work module: it must stay small.
+    code = "import sys, render_service.multimodal.work; sys.exit('transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
