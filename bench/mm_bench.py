@@ -348,7 +348,7 @@ def main() -> None:
         f"render-service with `--workers 1 --media-num-workers {args.media_num_workers} "
         f"--media-executor {args.media_executor}`. serial_N: one client, N images per request; "
         f"concurrent_N: {args.concurrency} clients; text_busy: text renders from a separate "
-        f"process while {args.concurrency} clients send 4-image requests.",
+        f"process while {args.concurrency} clients (threads at nice 10) send 4-image requests.",
         "",
     ]
     if not args.no_peer:

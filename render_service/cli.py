@@ -140,6 +140,12 @@ def _media_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-media-bytes", type=int, default=20 * 1024 * 1024)
     serve.add_argument("--max-media-redirects", type=int, default=5)
     serve.add_argument("--max-image-pixels", type=int, default=64_000_000)
+    serve.add_argument(
+        "--mm-processor-cache-gb",
+        type=float,
+        default=1.0,
+        help="GiB of processed images kept per process for reuse (0: off)",
+    )
 
 
 def _media_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,6 +161,7 @@ def _media_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_media_bytes": args.max_media_bytes,
         "max_media_redirects": args.max_media_redirects,
         "max_image_pixels": args.max_image_pixels,
+        "mm_processor_cache_gb": args.mm_processor_cache_gb,
     }
 
 

@@ -37,8 +37,11 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def _open(data: bytes, max_pixels: int) -> Image.Image:
-    """Parse the header only; ValueError when the bytes are no image or claim too many pixels."""
+def open_lazily(data: bytes, max_pixels: int) -> Image.Image:
+    """Parse the header only; ValueError when the bytes are no image or claim too many pixels.
+
+    The pixels are decoded by ``load_pixels``, if they are needed at all.
+    """
     fmt = sniff_format(data)
     if fmt is None:
         raise ValueError("the data is not a PNG, JPEG, WebP, GIF, BMP or TIFF image")
@@ -59,14 +62,12 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
 
 
 def open_header(data: bytes, max_pixels: int) -> tuple[int, int]:
-    """(width, height) from the header, with the same checks as ``open_image``."""
-    image = _open(data, max_pixels)
-    return image.size
+    """(width, height) from the header, with the same checks as ``open_lazily``."""
+    return open_lazily(data, max_pixels).size
 
 
-def open_image(data: bytes, max_pixels: int) -> Image.Image:
-    """Decode ``data`` fully; ValueError with a client-facing reason when it cannot be used."""
-    image = _open(data, max_pixels)
+def load_pixels(image: Image.Image) -> Image.Image:
+    """Decode an image ``open_lazily`` returned; ValueError when it is truncated or corrupt."""
     try:
         image.load()
     except (OSError, SyntaxError, EOFError, ValueError) as exc:

@@ -274,6 +274,7 @@ class MediaPipeline:
                 uuid=part.uuid,
                 max_pixels=max_pixels,
                 slices=slices,
+                cache_bytes=int(self.settings.mm_processor_cache_gb * (1 << 30)),
             )
             for part, data in zip(parts, payloads, strict=True)
         ]

@@ -19,7 +19,8 @@ import pybase64
 
 from render_service.errors import InvalidRequest
 from render_service.multimodal import serialize
-from render_service.multimodal.decode import open_header, open_image, to_rgb
+from render_service.multimodal.cache import Patches, patch_cache
+from render_service.multimodal.decode import load_pixels, open_header, open_lazily, to_rgb
 from render_service.multimodal.halves import Helper
 from render_service.multimodal.hashing import EncodedImage, image_hash
 from render_service.multimodal.memory import keep_freed_buffers
@@ -51,6 +52,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     uuid: str | None
     max_pixels: int
     slices: serialize.Slices | None  # None: mm_payload "none", no tensors
+    cache_bytes: int = 0  # the process's patch cache capacity; 0: no cache
 
 
 # Image work runs below the server's own threads in CPU priority, so the event loop and text
@@ -94,28 +96,46 @@ def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:
 
 
 def run(job: Job) -> MediaItem:
-    """Decode, preprocess, hash and serialize one image."""
-    image = open_image(job.data, job.max_pixels)
-    converted = image.mode != "RGB"
-    rgb = to_rgb(image, job.background)
-    kwargs_data = metadata = rows = None
-    if job.slices is not None:
-        grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
-        kwargs_data, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
-        metadata = serialize.encode_item({"image_grid_thw": serialize.grid_field(grid)})
-    try:
-        processed = process_image(rgb, job.vision, out=rows, helper=helper())
-    except InvalidRequest as exc:
-        raise ValueError(exc.message) from exc
+    """Decode, preprocess, hash and serialize one image (its patches from the cache if seen)."""
+    image = open_lazily(job.data, job.max_pixels)
     io_config = (
-        {"image_mode": "RGB", "rgba_background_color": job.background} if converted else None
+        None
+        if image.mode == "RGB"
+        else {"image_mode": "RGB", "rgba_background_color": job.background}
     )
-    mm_hash = image_hash(
-        job.model_id, EncodedImage(job.data, io_config), job.mm_kwargs, job.io_kwargs, job.uuid
-    )
+    encoded = EncodedImage(job.data, io_config)
+    content = image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, None)
+    mm_hash = image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, job.uuid)
+    cache = patch_cache(job.cache_bytes) if job.cache_bytes > 0 else None
+    key = (content, job.vision)
+    patches = cache.get(key) if cache is not None else None
+    kwargs_data = metadata = None
+    if patches is None:
+        rgb = to_rgb(load_pixels(image), job.background)
+        grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
+        rows = None
+        if job.slices is not None:
+            kwargs_data, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
+        try:
+            processed = process_image(rgb, job.vision, out=rows, helper=helper())
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from exc
+        patches = Patches(
+            rows=processed.pixel_values,
+            grid_thw=processed.grid_thw,
+            num_tokens=processed.num_tokens,
+        )
+        if cache is not None:
+            cache.put(key, patches)
+    elif job.slices is not None:
+        width = patches.rows.shape[1]
+        kwargs_data, rows = serialize.image_item(patches.grid_thw, width, job.slices)
+        rows[:] = patches.rows
+    if job.slices is not None:
+        metadata = serialize.encode_item({"image_grid_thw": serialize.grid_field(patches.grid_thw)})
     return MediaItem(
         mm_hash=mm_hash,
-        num_tokens=processed.num_tokens,
+        num_tokens=patches.num_tokens,
         kwargs_data=kwargs_data,
         kwargs_data_base64=None if kwargs_data is None else pybase64.b64encode(kwargs_data),
         mm_metadata=metadata,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -39,6 +41,12 @@ WEATHER = {
     },
 }
 TOPICS = ["foxes", "the sea", "prime numbers", "bread", "trains", "moths", "rain", "chess"]
+
+
+def refuses_connections(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 class Cluster:
@@ -301,16 +309,27 @@ def test_twenty_concurrent_derender_streams_survive_a_stopped_replica(
     total = sum(len(s.chunks) + 2 for s in streams)
     done = 0
     lock = threading.Lock()
-    killed = threading.Event()
+    killed, stopped = threading.Event(), threading.Event()
 
     def tracked(stream: Stream) -> tuple[list[Any], list[str], dict[str, Any]]:
         def count(response: httpx.Response) -> None:
             nonlocal done
             with lock:
                 done += 1
-                if done >= total // 3 and not killed.is_set():
+                kill = done >= total // 3 and not killed.is_set()
+                if kill:
                     os.kill(victim.process.pid, stop)
                     killed.set()
+            if kill:
+                # A SIGTERM'd replica serves on until its loop notices (up to 0.1 s): hold the
+                # streams until it refuses connections, so the rest of them meet a stopped one.
+                for _ in range(200):
+                    if refuses_connections(victim.port):
+                        break
+                    time.sleep(0.05)
+                stopped.set()
+            elif killed.is_set():
+                stopped.wait(15)
 
         with httpx.Client(
             base_url=cluster.url, timeout=60, event_hooks={"response": [count]}
