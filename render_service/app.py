@@ -231,7 +231,11 @@ class Service:
         else:
             body = decode_body(data, _tokenize_prompt_decoder)
         self.limits.check_request(body)
-        return MsgspecResponse(await self.run(self.renderer.tokenize, body))
+        multimodal = self.renderer.multimodal
+        media = None
+        if multimodal is not None and isinstance(body, TokenizeChatRequest):
+            media = await multimodal.prepare(body)  # in the media pool, as for render
+        return MsgspecResponse(await self.run(self.renderer.tokenize, body, media))
 
     async def detokenize(self, request: Request) -> Response:
         data = await self.body(request)

@@ -515,7 +515,12 @@ class Renderer:
 
     # ---- tokenize / detokenize ------------------------------------------------------------
 
-    def tokenize(self, request: TokenizeChatRequest | TokenizeCompletionRequest) -> dict[str, Any]:
+    def tokenize(
+        self,
+        request: TokenizeChatRequest | TokenizeCompletionRequest,
+        media: MediaBatch | None = None,
+    ) -> dict[str, Any]:
+        """``media``: the chat's images already processed, as for ``render_chat``."""
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
             if request.continue_final_message and request.add_generation_prompt:
@@ -524,7 +529,7 @@ class Renderer:
                 )
             checks.check_messages(request.messages)
             kwargs = self.effective_template_kwargs(request)
-            prompt = self._render_messages(request, request.tools, kwargs)
+            prompt = self._render_messages(request, request.tools, kwargs, media)
         else:
             prompt = self._tokenize(request.prompt, request.add_special_tokens, None, None, False)
         ids = prompt.token_ids

@@ -105,7 +105,11 @@ def run(job: Job) -> MediaItem:
     )
     encoded = EncodedImage(job.data, io_config)
     content = image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, None)
-    mm_hash = image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, job.uuid)
+    mm_hash = (
+        content
+        if job.uuid is None
+        else image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, job.uuid)
+    )
     cache = patch_cache(job.cache_bytes) if job.cache_bytes > 0 else None
     key = (content, job.vision)
     patches = cache.get(key) if cache is not None else None

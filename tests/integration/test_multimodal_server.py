@@ -90,3 +90,18 @@ def test_private_urls_refused_by_default(images: MediaServer, tmp_path: Path) ->
         assert images.hits == hits
         assert post(server, TEXT).status_code == 200
         assert server.alive()
+
+
+def test_tokenize_with_images_counts_what_render_returns(tmp_path: Path) -> None:
+    body = chat_body(
+        data_url(image_bytes(84, 56, seed=51)), data_url(image_bytes(56, 112, seed=52))
+    )
+    with serve(tmp_path) as server, server.client() as client:
+        rendered = client.post(CHAT, json=body)
+        counted = client.post("/tokenize", json=body)
+        bad = client.post("/tokenize", json=chat_body("data:image/png;base64,!!"))
+    assert rendered.status_code == 200 and counted.status_code == 200
+    assert counted.json()["tokens"] == rendered.json()["token_ids"]
+    assert counted.json()["count"] == len(rendered.json()["token_ids"])
+    assert bad.status_code == 400
+    assert bad.json()["error"]["message"] == "messages[0].content[0]: Non-base64 digit found"
