@@ -1,7 +1,7 @@
 """The CPU-heavy image steps, as plain functions of picklable values.
 
-They run in the media pool: threads by default (numpy and Pillow release the GIL for the heavy
-steps), or processes with ``--media-executor process`` (nothing can hold the server's GIL, and a
+They run in the media pool: threads by default (Pillow's decoder, the compiled resize and the
+big numpy copies release the GIL), or processes with ``--media-executor process`` (nothing can hold the server's GIL, and a
 crash in an image decoder stays in the worker). Errors are ``ValueError`` with a client-facing
 reason; the caller adds which message and part failed.
 """
@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import pybase64
+from PIL import Image
 
 from render_service.errors import InvalidRequest
 from render_service.multimodal import serialize
@@ -95,13 +96,35 @@ def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:
     return grid_h * grid_w
 
 
+def _process(job: Job, image: Image.Image) -> tuple[bytearray | None, Patches]:
+    """Decode and preprocess; the patch rows land straight in the serialized item, if any."""
+    rgb = to_rgb(load_pixels(image), job.background)
+    grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
+    item = rows = None
+    if job.slices is not None:
+        item, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
+    try:
+        processed = process_image(rgb, job.vision, out=rows, helper=helper())
+    except InvalidRequest as exc:
+        raise ValueError(exc.message) from exc
+    patches = Patches(
+        rows=processed.pixel_values, grid_thw=processed.grid_thw, num_tokens=processed.num_tokens
+    )
+    return item, patches
+
+
+def _item_from(patches: Patches, slices: serialize.Slices) -> bytearray:
+    item, rows = serialize.image_item(patches.grid_thw, patches.rows.shape[1], slices)
+    rows[:] = patches.rows
+    return item
+
+
 def run(job: Job) -> MediaItem:
     """Decode, preprocess, hash and serialize one image (its patches from the cache if seen)."""
     image = open_lazily(job.data, job.max_pixels)
+    converted = image.mode != "RGB"
     io_config = (
-        None
-        if image.mode == "RGB"
-        else {"image_mode": "RGB", "rgba_background_color": job.background}
+        {"image_mode": "RGB", "rgba_background_color": job.background} if converted else None
     )
     encoded = EncodedImage(job.data, io_config)
     content = image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, None)
@@ -113,34 +136,19 @@ def run(job: Job) -> MediaItem:
     cache = patch_cache(job.cache_bytes) if job.cache_bytes > 0 else None
     key = (content, job.vision)
     patches = cache.get(key) if cache is not None else None
-    kwargs_data = metadata = None
     if patches is None:
-        rgb = to_rgb(load_pixels(image), job.background)
-        grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
-        rows = None
-        if job.slices is not None:
-            kwargs_data, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
-        try:
-            processed = process_image(rgb, job.vision, out=rows, helper=helper())
-        except InvalidRequest as exc:
-            raise ValueError(exc.message) from exc
-        patches = Patches(
-            rows=processed.pixel_values,
-            grid_thw=processed.grid_thw,
-            num_tokens=processed.num_tokens,
-        )
+        item, patches = _process(job, image)
         if cache is not None:
             cache.put(key, patches)
-    elif job.slices is not None:
-        width = patches.rows.shape[1]
-        kwargs_data, rows = serialize.image_item(patches.grid_thw, width, job.slices)
-        rows[:] = patches.rows
-    if job.slices is not None:
+    else:
+        item = None if job.slices is None else _item_from(patches, job.slices)
+    metadata = None
+    if item is not None:
         metadata = serialize.encode_item({"image_grid_thw": serialize.grid_field(patches.grid_thw)})
     return MediaItem(
         mm_hash=mm_hash,
         num_tokens=patches.num_tokens,
-        kwargs_data=kwargs_data,
-        kwargs_data_base64=None if kwargs_data is None else pybase64.b64encode(kwargs_data),
+        kwargs_data=item,
+        kwargs_data_base64=None if item is None else pybase64.b64encode(item),
         mm_metadata=metadata,
     )
