@@ -165,6 +165,14 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
 
 
+def warm_up(url: str, images: int, seeds: Iterator[int]) -> None:
+    """Fresh images until the server is in its steady state: its processor cache full (each
+    server has one; filling it touches new memory, which costs page faults on every image)."""
+    bodies = image_bodies(4, -(-images // 4), seeds)
+    with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=url, timeout=300) as client:
+        list(pool.map(lambda body: timed_post(client, body), bodies))
+
+
 def run_server(
     url: str, session: int, args: argparse.Namespace, seeds: Iterator[int]
 ) -> dict[str, Any]:
@@ -286,6 +294,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20, help="requests per row and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--text-requests", type=int, default=50)
+    parser.add_argument("--warm-images", type=int, default=800, help="sent before measuring")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--media-num-workers", type=int, default=2)
     parser.add_argument("--media-executor", choices=["process", "thread"], default="thread")
@@ -327,6 +336,9 @@ def main() -> None:
             stack.enter_context(server(cmd, port, env, MODELS))
             for cmd, port, env in zip(commands, ports, envs, strict=True)
         ]
+        for name, (url, _) in zip(names, running, strict=True):
+            print(f"warm-up: {args.warm_images} images to {name}", flush=True)
+            warm_up(url, args.warm_images, seeds)
         # Both servers stay up; rounds alternate which goes first, so drifting load on the
         # machine falls on both alike.
         for number in range(args.rounds):
@@ -343,6 +355,7 @@ def main() -> None:
         "",
         f"`PYTHONPATH=. python bench/mm_bench.py {' '.join(sys.argv[1:])}`, started {started}, "
         f"model {args.model}, {args.rounds} rounds of {args.requests} requests per row and server "
+        f"after {args.warm_images} warm-up images each "
         f"(both servers up, rounds alternating which goes first; latencies pooled over the rounds, "
         f"throughput and CPU their median), 1280x720 JPEG images (a fresh image per request), "
         f"render-service with `--workers 1 --media-num-workers {args.media_num_workers} "
