@@ -166,8 +166,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 def warm_up(url: str, images: int, seeds: Iterator[int]) -> None:
-    """Fresh images until the server is in its steady state: its processor cache full (each
-    server has one; filling it touches new memory, which costs page faults on every image)."""
+    """Fresh images until the server is in its steady state: a processor cache that is on
+    (vLLM's is, by default) past its fill phase, where every image touches new memory."""
     bodies = image_bodies(4, -(-images // 4), seeds)
     with ThreadPoolExecutor(4) as pool, httpx.Client(base_url=url, timeout=300) as client:
         list(pool.map(lambda body: timed_post(client, body), bodies))

@@ -143,8 +143,8 @@ def _media_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--mm-processor-cache-gb",
         type=float,
-        default=1.0,
-        help="GiB of processed images kept per process for reuse (0: off)",
+        default=0.0,
+        help="GiB of processed images kept per process for reuse (default 0: off)",
     )
 
 

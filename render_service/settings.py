@@ -57,7 +57,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_media_bytes: int = 20 * 1024 * 1024
     max_media_redirects: int = 5
     max_image_pixels: int = 64_000_000
-    mm_processor_cache_gb: float = 1.0
+    mm_processor_cache_gb: float = 0.0
 
     @property
     def model_name(self) -> str:
