@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import pybase64
 
 # A NUL byte never appears in msgspec's JSON output (control characters in strings are
 # escaped), so splitting there is unambiguous.
@@ -21,29 +20,23 @@ _SLOT = msgspec.Raw(b'"' + _MARK + b'"')
 _encoder = msgspec.json.Encoder()
 
 
-def _with_slots(features: dict[str, Any], payloads: list[bytes]) -> dict[str, Any]:
-    """``features`` with each ``kwargs_data`` item replaced by a slot, in encoding order."""
+def _with_slots(features: dict[str, Any]) -> dict[str, Any]:
+    """``features`` with each ``kwargs_data`` item replaced by a slot."""
     kwargs_data = features.get("kwargs_data")
     if not kwargs_data:
         return features
-    slotted = {}
-    for modality, items in kwargs_data.items():
-        payloads.extend(items)
-        slotted[modality] = [_SLOT] * len(items)
+    slotted = {modality: [_SLOT] * len(items) for modality, items in kwargs_data.items()}
     return {**features, "kwargs_data": slotted}
 
 
-def encode_parts(result: Any, encoded: list[bytes] | None = None) -> list[bytes]:
+def encode_parts(result: Any, encoded: list[bytes]) -> list[bytes]:
     """The JSON of a render result (a GenerateRequest struct) as pieces to send in order.
 
-    ``encoded``: the payloads' base64, in order, when the media workers already made it.
+    ``encoded``: the base64 of each ``kwargs_data`` item, in order (the media workers make it).
     """
-    payloads: list[bytes] = []
     features = getattr(result, "features", None)
     if features:
-        result = msgspec.structs.replace(result, features=_with_slots(features, payloads))
-    if encoded is None:
-        encoded = [pybase64.b64encode(payload) for payload in payloads]
+        result = msgspec.structs.replace(result, features=_with_slots(features))
     pieces = _encoder.encode(result).split(_MARK)
     parts = [pieces[0]]
     for text, piece in zip(encoded, pieces[1:], strict=True):

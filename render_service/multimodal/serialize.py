@@ -39,11 +39,12 @@ def grid_field(grid_thw: tuple[int, int, int]) -> dict[str, Any]:
     }
 
 
+def _flat_field(batch_slices: Slices) -> list[Any]:
+    return ["flat", {"keep_on_cpu": False, "slices": batch_slices, "dim": 0}]
+
+
 def pixel_field(pixel_values: NDArray[np.uint8], batch_slices: Slices) -> dict[str, Any]:
-    return {
-        "data": _tensor(pixel_values),
-        "field": ["flat", {"keep_on_cpu": False, "slices": batch_slices, "dim": 0}],
-    }
+    return {"data": _tensor(pixel_values), "field": _flat_field(batch_slices)}
 
 
 def _ext_header(size: int, code: int) -> bytes:
@@ -77,7 +78,7 @@ def image_item(
             "image_grid_thw": grid_field(grid_thw),
             "pixel_values": {
                 "data": ["uint8", [rows, row_width], _SLOT],
-                "field": ["flat", {"keep_on_cpu": False, "slices": batch_slices, "dim": 0}],
+                "field": _flat_field(batch_slices),
             },
         }
     )
