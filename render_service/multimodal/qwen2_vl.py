@@ -3,7 +3,8 @@
 vLLM runs transformers' ``Qwen2VLImageProcessor`` (torchvision backend) with rescaling and
 normalization left to the model, so what goes on the wire is the *uint8* resized image cut into
 patches. The only numeric step is the resize: torchvision hands a uint8 tensor to torch's
-antialiased bicubic kernel for uint8, which ``resample.resize_bicubic_u8`` reproduces exactly.
+antialiased bicubic kernel for uint8, which ``resample`` reproduces exactly, writing the
+patches as it goes.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from render_service.errors import InvalidRequest
-from render_service.multimodal.halves import Helper, over_halves
+from render_service.multimodal.halves import Helper
 
 
 class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -133,46 +134,30 @@ def patch_row_width(config: VisionConfig, channels: int = 3) -> int:
     return channels * config.temporal_patch_size * config.patch_size**2
 
 
-def patchify(
-    image: NDArray[np.uint8],
-    config: VisionConfig,
-    out: NDArray[np.uint8] | None = None,
-    helper: Helper | None = None,
-) -> ProcessedImage:
-    """(H, W, C) uint8 -> patch rows in Qwen2-VL's order (merge blocks contiguous).
-
-    ``out``, when given, receives the rows (a view into the serialized item, say); ``helper``
-    copies half of them.
-    """
-    height, width, channels = image.shape
-    p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
-    grid_h, grid_w = height // p, width // p
-    blocks = image.reshape(grid_h // m, m, p, grid_w // m, m, p, channels)
-    # -> (h/m, w/m, m, m, channels, patch, patch); one still image fills every temporal slot.
-    blocks = blocks.transpose(0, 3, 1, 4, 6, 2, 5)
-    shape = (*blocks.shape[:5], t, p, p)
-    if out is None:
-        out = np.empty((grid_h * grid_w, patch_row_width(config, channels)), np.uint8)
-    target, source = out.reshape(shape), np.broadcast_to(blocks[:, :, :, :, :, None], shape)
-    over_halves(helper, lambda a, b: np.copyto(target[a:b], source[a:b]), shape[0])
-    return ProcessedImage(
-        pixel_values=out,
-        grid_thw=(1, grid_h, grid_w),
-        num_tokens=grid_h * grid_w // (m * m),
-    )
-
-
 def process_image(
     rgb: NDArray[np.uint8],
     config: VisionConfig,
     out: NDArray[np.uint8] | None = None,
     helper: Helper | None = None,
 ) -> ProcessedImage:
-    """An (H, W, 3) uint8 RGB image -> the engine's ``pixel_values`` and ``image_grid_thw``."""
-    # Imported here: numba costs text-only servers 0.6 s of start-up and 40 MB if loaded.
-    from render_service.multimodal.resample import resize_bicubic_u8
+    """An (H, W, 3) uint8 RGB image -> the engine's ``pixel_values`` and ``image_grid_thw``.
 
-    height, width = rgb.shape[:2]
-    target_h, target_w = smart_resize(height, width, config)
-    resized = resize_bicubic_u8(rgb, target_h, target_w, helper)
-    return patchify(resized, config, out, helper)
+    ``out``, when given, receives the patch rows (a view into the serialized item, say);
+    ``helper`` takes half of the work when it is free.
+    """
+    # Imported here: numba costs text-only servers 0.6 s of start-up and 40 MB if loaded.
+    from render_service.multimodal.resample import resize_into_patches
+
+    height, width = smart_resize(rgb.shape[0], rgb.shape[1], config)
+    p, m, t = config.patch_size, config.merge_size, config.temporal_patch_size
+    grid_h, grid_w = height // p, width // p
+    if out is None:
+        out = np.empty((grid_h * grid_w, patch_row_width(config)), np.uint8)
+    # Patch rows in Qwen2-VL's order: merge blocks contiguous, one still image in every
+    # temporal slot.
+    resize_into_patches(rgb, height, width, p, m, t, out, helper)
+    return ProcessedImage(
+        pixel_values=out,
+        grid_thw=(1, grid_h, grid_w),
+        num_tokens=grid_h * grid_w // (m * m),
+    )

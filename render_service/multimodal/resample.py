@@ -4,9 +4,12 @@ torch works in fixed point: per axis, Keys' cubic (a = -0.5) weights normalised,
 int16 at the largest precision the biggest weight allows; a horizontal pass then a vertical
 pass, each accumulating in int32 from a rounding bias, shifted back and clipped to uint8.
 
-Both passes are written so that the innermost loop runs over contiguous bytes (which LLVM
-vectorises): the vertical pass over whole rows, the horizontal pass over a transposed band of
-rows.
+The horizontal pass writes one plane per channel; the vertical pass writes its rows straight
+into a vision model's patch layout (patches of one pixel give the plain resized image), so no
+resized image is ever copied into patches. Both inner loops run over contiguous bytes, which
+LLVM vectorises: the horizontal pass over a band of rows transposed into a small buffer, the
+vertical pass over whole plane rows. Indices are unsigned, so numba adds no negative-index
+checks that would stop the copies from vectorising.
 
 The kernels compile on first use (under a second); ``warm_up`` does that ahead of requests. No
 on-disk cache: it needs a writable directory, which read-only containers do not have.
@@ -23,6 +26,7 @@ from numpy.typing import NDArray
 from render_service.multimodal.halves import Helper, over_halves
 
 _BAND = 16  # image rows per step of the horizontal pass
+_u64 = np.uint64  # the kernels' index type (see the module docstring)
 
 
 def _cubic(x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -39,6 +43,13 @@ def axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArray
 
     Cached, so the arrays are shared: read them, never write them.
     """
+    if in_size == out_size:
+        # torch's weights between equal sizes put all the weight on one tap: the identity.
+        # One tap of weight 2 at precision 1 is that identity, at a quarter of the work.
+        index = np.arange(in_size, dtype=np.intp)[:, None]
+        fixed = np.full((in_size, 1), 2, np.int32)
+        index.flags.writeable = fixed.flags.writeable = False
+        return index, fixed, 1
     scale = in_size / out_size
     support = 2.0 * scale if scale >= 1.0 else 2.0
     inv = 1.0 / scale if scale >= 1.0 else 1.0
@@ -63,98 +74,157 @@ def axis_weights(in_size: int, out_size: int) -> tuple[NDArray[np.intp], NDArray
     return taps_at, fixed, precision
 
 
-@njit(nogil=True)
-def _resample_rows(
-    src: NDArray[np.uint8],
-    index: NDArray[np.intp],
-    weights: NDArray[np.int32],
-    precision: int,
-    out: NDArray[np.uint8],
-) -> None:
-    """out[y] = clip((bias + sum_t weights[y, t] * src[index[y, t]]) >> precision), per row."""
-    width = src.shape[1]
-    acc = np.empty(width, np.int32)
-    bias = np.int32(1 << (precision - 1))
-    for y in range(out.shape[0]):
-        acc[:] = bias
-        for t in range(index.shape[1]):
-            w = weights[y, t]
-            row = src[index[y, t]]
-            for i in range(width):
-                acc[i] += w * np.int32(row[i])
-        for i in range(width):
-            out[y, i] = min(max(acc[i] >> precision, 0), 255)
-
-
-@njit(nogil=True)
+@njit(nogil=True, boundscheck=False)
 def _resample_columns(
     src: NDArray[np.uint8],
     index: NDArray[np.intp],
     weights: NDArray[np.int32],
     precision: int,
-    out: NDArray[np.uint8],
+    planes: NDArray[np.uint8],
+    start: int,
+    stop: int,
 ) -> None:
-    """The same sum along the width of an (H, W, 3) image, a band of rows at a time.
+    """Rows [start, stop) of an (H, W, 3) image resampled along the width into (3, H, W') planes.
 
-    Each band is transposed into a small buffer (one line per input column), so the inner
-    loop again runs over contiguous bytes; the buffer stays in cache.
+    Each band of rows is transposed into a small buffer (one line per input column), so the
+    inner loop runs over contiguous bytes; the buffer stays in cache.
     """
-    height, in_width = src.shape[:2]
-    band = np.empty((in_width, _BAND * 3), np.uint8)
-    acc = np.empty(_BAND * 3, np.int32)
+    in_width = _u64(src.shape[1])
+    out_width = _u64(planes.shape[2])
+    plane_size = _u64(planes.shape[1]) * out_width
+    lanes_max = _u64(_BAND * 3)
+    pixels = src.reshape(-1)
+    out = planes.reshape(-1)
+    taps = _u64(index.shape[1])
+    band = np.empty(in_width * lanes_max, np.uint8)
+    acc = np.empty(lanes_max, np.int32)
     bias = np.int32(1 << (precision - 1))
-    for y0 in range(0, height, _BAND):
-        rows = min(_BAND, height - y0)
+    for y0 in range(_u64(start), _u64(stop), _u64(_BAND)):
+        rows = min(_u64(_BAND), _u64(stop) - y0)
+        lanes = rows * _u64(3)
         for y in range(rows):
+            line = (y0 + y) * in_width * _u64(3)
             for x in range(in_width):
-                band[x, 3 * y] = src[y0 + y, x, 0]
-                band[x, 3 * y + 1] = src[y0 + y, x, 1]
-                band[x, 3 * y + 2] = src[y0 + y, x, 2]
-        for x in range(out.shape[1]):
+                at = line + x * _u64(3)
+                to = x * lanes_max + y * _u64(3)
+                band[to] = pixels[at]
+                band[to + _u64(1)] = pixels[at + _u64(1)]
+                band[to + _u64(2)] = pixels[at + _u64(2)]
+        for x in range(out_width):
             acc[:] = bias
-            for t in range(index.shape[1]):
+            for t in range(taps):
                 w = weights[x, t]
-                line = band[index[x, t]]
-                for i in range(rows * 3):
-                    acc[i] += w * np.int32(line[i])
+                line = _u64(index[x, t]) * lanes_max
+                for i in range(lanes):
+                    acc[i] += w * np.int32(band[line + i])
             for y in range(rows):
-                for c in range(3):
-                    out[y0 + y, x, c] = min(max(acc[3 * y + c] >> precision, 0), 255)
+                for c in range(_u64(3)):
+                    value = min(max(acc[y * _u64(3) + c] >> precision, 0), 255)
+                    out[c * plane_size + (y0 + y) * out_width + x] = value
+
+
+@njit(nogil=True, boundscheck=False)
+def _resample_rows_into_patches(
+    planes: NDArray[np.uint8],
+    index: NDArray[np.intp],
+    weights: NDArray[np.int32],
+    precision: int,
+    patch: int,
+    merge: int,
+    temporal: int,
+    out: NDArray[np.uint8],
+    start: int,
+    stop: int,
+) -> None:
+    """Bands [start, stop) of ``patch`` output rows, resampled along the height, as patch rows.
+
+    A patch row holds, per channel, the ``patch`` x ``patch`` pixels once per temporal slot;
+    rows go by ``merge`` x ``merge`` blocks of patches, left to right, then top to bottom.
+    A band is gathered in patch order in a small buffer, then copied out a patch at a time.
+    """
+    channels = _u64(planes.shape[0])
+    width = _u64(planes.shape[2])
+    plane_size = _u64(planes.shape[1]) * width
+    pixels = planes.reshape(-1)
+    rows = out.reshape(-1)
+    row_width = _u64(out.shape[1])
+    p, m, slots = _u64(patch), _u64(merge), _u64(temporal)
+    area = p * p
+    columns = width // p
+    blocks_wide = columns // m
+    taps = _u64(index.shape[1])
+    acc = np.empty(width, np.int32)
+    band = np.empty(channels * columns * area, np.uint8)  # (channel, column, y, x)
+    bias = np.int32(1 << (precision - 1))
+    for b in range(_u64(start), _u64(stop)):
+        for dy in range(p):
+            y = b * p + dy
+            for c in range(channels):
+                acc[:] = bias
+                for t in range(taps):
+                    w = weights[y, t]
+                    line = c * plane_size + _u64(index[y, t]) * width
+                    for i in range(width):
+                        acc[i] += w * np.int32(pixels[line + i])
+                for j in range(columns):
+                    to = (c * columns + j) * area + dy * p
+                    for k in range(p):
+                        band[to + k] = min(max(acc[j * p + k] >> precision, 0), 255)
+        block_y, inner_y = b // m, b % m
+        for j in range(columns):
+            row = ((block_y * blocks_wide + j // m) * m + inner_y) * m + j % m
+            for c in range(channels):
+                at = (c * columns + j) * area
+                for s in range(slots):
+                    to = row * row_width + (c * slots + s) * area
+                    for k in range(area):
+                        rows[to + k] = band[at + k]
+
+
+def resize_into_patches(
+    image: NDArray[np.uint8],
+    height: int,
+    width: int,
+    patch: int,
+    merge: int,
+    temporal: int,
+    out: NDArray[np.uint8],
+    helper: Helper | None = None,
+) -> None:
+    """Resize an (H, W, 3) uint8 image with torch's arithmetic, writing patch rows into ``out``.
+
+    ``out`` is (height * width / patch**2, 3 * temporal * patch**2); height and width are
+    multiples of ``patch * merge``. With a free ``helper``, each pass is split in two.
+    """
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected an (H, W, 3) image, got shape {image.shape}")
+    if height % (patch * merge) or width % (patch * merge):
+        raise ValueError(f"{height}x{width} is not made of {patch * merge}-pixel blocks")
+    if out.shape != (height * width // patch**2, 3 * temporal * patch**2):
+        raise ValueError(f"patch rows of shape {out.shape} do not fit {height}x{width}")
+    src = np.ascontiguousarray(image)
+    columns = axis_weights(src.shape[1], width)
+    planes = np.empty((3, src.shape[0], width), np.uint8)
+    over_halves(helper, lambda a, b: _resample_columns(src, *columns, planes, a, b), src.shape[0])
+    rows = axis_weights(src.shape[0], height)
+    over_halves(
+        helper,
+        lambda a, b: _resample_rows_into_patches(planes, *rows, patch, merge, temporal, out, a, b),
+        height // patch,
+    )
 
 
 def resize_bicubic_u8(
     image: NDArray[np.uint8], height: int, width: int, helper: Helper | None = None
 ) -> NDArray[np.uint8]:
-    """Antialiased bicubic resize of an (H, W, 3) uint8 image, torch's uint8 arithmetic.
-
-    With a free ``helper``, each pass is split in two bands of rows, one running there.
-    """
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"expected an (H, W, 3) image, got shape {image.shape}")
-    out = np.ascontiguousarray(image)
-    if width != out.shape[1]:
-        index, weights, precision = axis_weights(out.shape[1], width)
-        src, wide = out, np.empty((out.shape[0], width, 3), np.uint8)
-        over_halves(
-            helper,
-            lambda a, b: _resample_columns(src[a:b], index, weights, precision, wide[a:b]),
-            src.shape[0],
-        )
-        out = wide
-    if height != out.shape[0]:
-        index, weights, precision = axis_weights(out.shape[0], height)
-        rows, tall = out.reshape(out.shape[0], -1), np.empty((height, out.shape[1] * 3), np.uint8)
-        over_halves(
-            helper,
-            lambda a, b: _resample_rows(rows, index[a:b], weights[a:b], precision, tall[a:b]),
-            height,
-        )
-        out = tall.reshape(height, -1, 3)
-    return out
+    """Antialiased bicubic resize of an (H, W, 3) uint8 image, torch's uint8 arithmetic."""
+    out = np.empty((height * width, 3), np.uint8)  # patches of one pixel: the image itself
+    resize_into_patches(image, height, width, 1, 1, 1, out, helper)
+    return out.reshape(height, width, 3)
 
 
 def warm_up() -> None:
-    """Compile the kernels now (both passes run), so no request waits for the compiler.
+    """Compile the kernels now, so no request waits for the compiler.
 
     numba compiles once per argument type, and read-only arrays (what ``np.asarray`` makes of
     a Pillow image) are a type of their own, so both kinds are run.

@@ -15,12 +15,7 @@ from PIL import Image
 
 from render_service.multimodal import serialize
 from render_service.multimodal.hashing import EncodedImage, hash_kwargs, image_hash
-from render_service.multimodal.qwen2_vl import (
-    VisionConfig,
-    patchify,
-    process_image,
-    smart_resize,
-)
+from render_service.multimodal.qwen2_vl import VisionConfig, process_image, smart_resize
 from render_service.multimodal.resample import resize_bicubic_u8
 
 CONFIG = VisionConfig()
@@ -121,23 +116,34 @@ def test_smart_resize_bounds(height: int, width: int) -> None:
         assert h * w >= CONFIG.min_pixels
 
 
-def test_patch_rows_are_image_patches_in_merge_order() -> None:
-    rng = np.random.default_rng(2)
-    image = rng.integers(0, 256, (56, 84, 3), dtype=np.uint8)
-    out = patchify(image, CONFIG)
-    assert out.grid_thw == (1, 4, 6)
-    assert out.num_tokens == 6
-    assert out.pixel_values.shape == (24, 3 * 2 * 14 * 14)
-    row = 0
-    for block_y in range(2):
-        for block_x in range(3):
+def _patch_by_patch(image: np.ndarray) -> np.ndarray:
+    """Qwen2-VL's patch rows read off an image one 14x14 patch at a time."""
+    rows = []
+    for block_y in range(image.shape[0] // 28):
+        for block_x in range(image.shape[1] // 28):
             for dy in range(2):
                 for dx in range(2):
                     y, x = (block_y * 2 + dy) * 14, (block_x * 2 + dx) * 14
                     patch = image[y : y + 14, x : x + 14].transpose(2, 0, 1)  # (C, 14, 14)
-                    got = out.pixel_values[row].reshape(3, 2, 14, 14)
-                    assert np.array_equal(got[:, 0], patch) and np.array_equal(got[:, 1], patch)
-                    row += 1
+                    rows.append(np.stack([patch, patch], axis=1).reshape(-1))  # both slots
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize(("height", "width"), [(56, 84), (56, 56), (112, 56)])
+def test_patch_rows_are_image_patches_in_merge_order(height: int, width: int) -> None:
+    # An image already at its target size is not resampled, so its patches are its pixels.
+    image = np.random.default_rng(2).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    out = process_image(image, CONFIG)
+    assert out.grid_thw == (1, height // 14, width // 14)
+    assert out.num_tokens == height * width // 28**2
+    assert np.array_equal(out.pixel_values, _patch_by_patch(image))
+
+
+def test_patch_rows_of_a_resized_image_are_its_patches() -> None:
+    image = np.random.default_rng(4).integers(0, 256, (100, 130, 3), dtype=np.uint8)
+    height, width = smart_resize(100, 130, CONFIG)
+    resized = resize_bicubic_u8(image, height, width)
+    assert np.array_equal(process_image(image, CONFIG).pixel_values, _patch_by_patch(resized))
 
 
 def test_process_image_upscales_tiny_images_to_min_pixels() -> None:
@@ -219,7 +225,7 @@ def test_warm_up_compiles_what_decoded_images_need() -> None:
     from render_service.multimodal.decode import to_rgb
 
     resample.warm_up()
-    kernels = (resample._resample_columns, resample._resample_rows)
+    kernels = (resample._resample_columns, resample._resample_rows_into_patches)
     compiled = [len(kernel.signatures) for kernel in kernels]
     for mode in ("RGB", "RGBA", "L"):
         rgb = to_rgb(Image.new(mode, (30, 20)), (255, 255, 255))
