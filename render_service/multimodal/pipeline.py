@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from render_service.multimodal.fetch import (
     read_local,
 )
 from render_service.multimodal.qwen2_vl import VisionConfig
+from render_service.multimodal.warm_pool import WarmThreadPool
 from render_service.multimodal.work import MediaItem
 from render_service.protocol._base import convert
 from render_service.protocol.chat import ChatCompletionRequest
@@ -151,9 +152,7 @@ class MediaPipeline:
     def _new_pool(self) -> Executor:
         workers = max(1, self.settings.media_num_workers)
         if self.settings.media_executor == "thread":
-            threads = ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix="media", initializer=work.init_worker
-            )
+            threads = WarmThreadPool(workers, "media", work.init_worker)
             threads.submit(work.ready).result()  # one compile serves every thread of the process
             return threads
         # spawn: the server process has threads, which fork would copy in odd states.
