@@ -280,3 +280,36 @@ def test_image_workers_do_not_import_transformers() -> None:
     # A --media-executor process worker imports the work module: it must stay small.
     code = "import sys, render_service.multimodal.work; sys.exit('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux", reason="thread priorities are per thread on Linux only"
+)
+def test_media_threads_run_below_the_server() -> None:
+    import os
+    import threading
+
+    from render_service.multimodal import work
+
+    seen: dict[str, int] = {}
+
+    def start() -> None:
+        work.init_worker()
+        thread = threading.get_native_id()
+        seen["policy"] = os.sched_getscheduler(thread)
+        seen["nice"] = os.getpriority(os.PRIO_PROCESS, thread)
+
+    def probe() -> None:  # may this process use the idle class at all (seccomp, say)?
+        try:
+            os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
+            seen["allowed"] = 1
+        except OSError:
+            seen["allowed"] = 0
+
+    for target in (probe, start):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join()
+    assert seen["policy"] == (os.SCHED_IDLE if seen["allowed"] else os.SCHED_OTHER)
+    assert seen["nice"] >= work.MEDIA_NICENESS
+    assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER  # caller untouched
