@@ -76,7 +76,7 @@ def init_worker() -> None:
 
 @functools.cache
 def helper() -> Helper | None:
-    """The process's spare thread for halves of an image's resize and patch copy (None on a
+    """The process's spare thread for halves of an image's resize passes (None on a
     single core)."""
     return Helper(init_worker) if (os.cpu_count() or 1) > 1 else None
 
