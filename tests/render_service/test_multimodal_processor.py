@@ -16,7 +16,7 @@ from PIL import Image
 from render_service.multimodal import serialize
 from render_service.multimodal.hashing import EncodedImage, hash_kwargs, image_hash
 from render_service.multimodal.qwen2_vl import VisionConfig, process_image, smart_resize
-from render_service.multimodal.resample import resize_bicubic_u8
+from render_service.multimodal.resample import resize_bicubic_u8, resize_into_patches
 
 CONFIG = VisionConfig()
 
@@ -116,17 +116,51 @@ def test_smart_resize_bounds(height: int, width: int) -> None:
         assert h * w >= CONFIG.min_pixels
 
 
-def _patch_by_patch(image: np.ndarray) -> np.ndarray:
-    """Qwen2-VL's patch rows read off an image one 14x14 patch at a time."""
+def _patch_by_patch(
+    image: np.ndarray, patch: int = 14, merge: int = 2, temporal: int = 2
+) -> np.ndarray:
+    """Qwen2-VL's patch rows read off an image one patch at a time."""
     rows = []
-    for block_y in range(image.shape[0] // 28):
-        for block_x in range(image.shape[1] // 28):
-            for dy in range(2):
-                for dx in range(2):
-                    y, x = (block_y * 2 + dy) * 14, (block_x * 2 + dx) * 14
-                    patch = image[y : y + 14, x : x + 14].transpose(2, 0, 1)  # (C, 14, 14)
-                    rows.append(np.stack([patch, patch], axis=1).reshape(-1))  # both slots
+    block = patch * merge
+    for block_y in range(image.shape[0] // block):
+        for block_x in range(image.shape[1] // block):
+            for dy in range(merge):
+                for dx in range(merge):
+                    y, x = (block_y * merge + dy) * patch, (block_x * merge + dx) * patch
+                    cut = image[y : y + patch, x : x + patch].transpose(2, 0, 1)  # (C, p, p)
+                    rows.append(np.stack([cut] * temporal, axis=1).reshape(-1))  # every slot
     return np.stack(rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 90),
+    st.integers(1, 90),
+    st.sampled_from([1, 2, 3, 7]),
+    st.sampled_from([1, 2]),
+    st.sampled_from([1, 2]),
+    st.integers(1, 4),
+    st.integers(1, 4),
+)
+def test_resize_into_patches_is_the_resize_cut_into_patches(
+    in_h: int, in_w: int, patch: int, merge: int, temporal: int, blocks_h: int, blocks_w: int
+) -> None:
+    image = np.random.default_rng(in_h * 97 + in_w).integers(0, 256, (in_h, in_w, 3), np.uint8)
+    height, width = blocks_h * patch * merge, blocks_w * patch * merge
+    out = np.empty((height * width // patch**2, 3 * temporal * patch**2), np.uint8)
+    resize_into_patches(image, height, width, patch, merge, temporal, out)
+    resized = resize_bicubic_u8(image, height, width)
+    assert np.array_equal(out, _patch_by_patch(resized, patch, merge, temporal))
+
+
+def test_resize_into_patches_refuses_what_does_not_fit() -> None:
+    image = np.zeros((30, 30, 3), np.uint8)
+    with pytest.raises(ValueError, match="blocks"):
+        resize_into_patches(image, 30, 56, 14, 2, 2, np.empty((8, 1176), np.uint8))
+    with pytest.raises(ValueError, match="do not fit"):
+        resize_into_patches(image, 56, 56, 14, 2, 2, np.empty((15, 1176), np.uint8))
+    with pytest.raises(ValueError, match="expected"):
+        resize_into_patches(image[:, :, :2], 56, 56, 14, 2, 2, np.empty((16, 1176), np.uint8))
 
 
 @pytest.mark.parametrize(("height", "width"), [(56, 84), (56, 56), (112, 56)])
