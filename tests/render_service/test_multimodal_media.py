@@ -7,8 +7,10 @@ only because these tests allow private addresses; the refusal tests never connec
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import msgspec
 import pytest
 
 from render_service.errors import InvalidRequest
+from render_service.multimodal import work
 from render_service.multimodal.pipeline import MediaBatch, MediaPipeline
 from render_service.multimodal.qwen2_vl import VisionConfig
 from render_service.protocol.chat import ChatCompletionRequest
@@ -286,11 +289,6 @@ def test_image_workers_do_not_import_transformers() -> None:
     sys.platform != "linux", reason="thread priorities are per thread on Linux only"
 )
 def test_media_threads_run_below_the_server() -> None:
-    import os
-    import threading
-
-    from render_service.multimodal import work
-
     seen: dict[str, int] = {}
 
     def start() -> None:
