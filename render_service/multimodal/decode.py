@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\x89PNG\r\n\x1a\n", "PNG"),
@@ -40,7 +40,7 @@ def sniff_format(data: bytes) -> str | None:
 def open_lazily(data: bytes, max_pixels: int) -> Image.Image:
     """Parse the header only; ValueError when the bytes are no image or claim too many pixels.
 
-    The pixels are decoded by ``load_pixels``, if they are needed at all.
+    The pixels are decoded by ``decode_rgb``, if they are needed at all.
     """
     fmt = sniff_format(data)
     if fmt is None:
@@ -66,8 +66,40 @@ def open_header(data: bytes, max_pixels: int) -> tuple[int, int]:
     return open_lazily(data, max_pixels).size
 
 
-def load_pixels(image: Image.Image) -> Image.Image:
-    """Decode an image ``open_lazily`` returned; ValueError when it is truncated or corrupt."""
+def decode_rgb(
+    image: Image.Image, data: bytes, background: tuple[int, int, int]
+) -> NDArray[np.uint8]:
+    """Decode an image ``open_lazily`` opened on ``data`` to an (H, W, 3) or (H, W, 4) array
+    whose first three channels are R, G and B (a fourth is padding); ValueError when it is
+    truncated or corrupt.
+
+    RGB JPEGs, the usual photo, are decoded straight into an (H, W, 4) array: libjpeg's RGBX
+    output, Pillow's own pixel layout, which saves copying 3 bytes of every pixel out of
+    Pillow (1 ms for a 720p image, a fifth of the decode). Their pixels are Pillow's.
+    """
+    if not _is_plain_rgb_jpeg(image):
+        return to_rgb(_load(image), background)
+    width, height = image.size
+    pixels = np.empty((height, width, 4), np.uint8)
+    target = Image.frombuffer("RGBX", image.size, pixels, "raw", "RGBX", 0, 1)
+    try:
+        target.frombytes(data, "jpeg", "RGBX", "")
+    except ValueError as exc:
+        raise ValueError(f"the JPEG image is truncated or corrupt ({exc})") from exc
+    return pixels
+
+
+def _is_plain_rgb_jpeg(image: Image.Image) -> bool:
+    """An RGB JPEG that Pillow decodes in one piece, from the start of its bytes."""
+    if not isinstance(image, ImageFile.ImageFile) or image.format != "JPEG" or image.mode != "RGB":
+        return False
+    if len(image.tile) != 1:
+        return False
+    name, extents, offset, args = image.tile[0]
+    return (name, extents, offset, args) == ("jpeg", (0, 0, *image.size), 0, ("RGB", ""))
+
+
+def _load(image: Image.Image) -> Image.Image:
     try:
         image.load()
     except (OSError, SyntaxError, EOFError, ValueError) as exc:

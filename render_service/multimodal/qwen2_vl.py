@@ -140,7 +140,7 @@ def process_image(
     out: NDArray[np.uint8] | None = None,
     helper: Helper | None = None,
 ) -> ProcessedImage:
-    """An (H, W, 3) uint8 RGB image -> the engine's ``pixel_values`` and ``image_grid_thw``.
+    """An (H, W, 3) uint8 RGB image (or (H, W, 4), padded) -> the engine's ``pixel_values`` and ``image_grid_thw``.
 
     ``out``, when given, receives the patch rows (a view into the serialized item, say);
     ``helper`` takes half of the work when it is free.

@@ -84,12 +84,14 @@ def _resample_columns(
     start: int,
     stop: int,
 ) -> None:
-    """Rows [start, stop) of an (H, W, 3) image resampled along the width into (3, H, W') planes.
+    """Rows [start, stop) of an (H, W, 3 or 4) image resampled along the width into (3, H, W')
+    planes (a fourth channel is padding, skipped).
 
     Each band of rows is transposed into a small buffer (one line per input column), so the
     inner loop runs over contiguous bytes; the buffer stays in cache.
     """
     in_width = _u64(src.shape[1])
+    stride = _u64(src.shape[2])
     out_width = _u64(planes.shape[2])
     plane_size = _u64(planes.shape[1]) * out_width
     lanes_max = _u64(_BAND * 3)
@@ -103,9 +105,9 @@ def _resample_columns(
         rows = min(_u64(_BAND), _u64(stop) - y0)
         lanes = rows * _u64(3)
         for y in range(rows):
-            line = (y0 + y) * in_width * _u64(3)
+            line = (y0 + y) * in_width * stride
             for x in range(in_width):
-                at = line + x * _u64(3)
+                at = line + x * stride
                 to = x * lanes_max + y * _u64(3)
                 band[to] = pixels[at]
                 band[to + _u64(1)] = pixels[at + _u64(1)]
@@ -193,11 +195,13 @@ def resize_into_patches(
 ) -> None:
     """Resize an (H, W, 3) uint8 image with torch's arithmetic, writing patch rows into ``out``.
 
+    An (H, W, 4) image is read as RGB plus padding (``decode.decode_rgb``'s JPEG layout).
+
     ``out`` is (height * width / patch**2, 3 * temporal * patch**2); height and width are
     multiples of ``patch * merge``. With a free ``helper``, each pass is split in two.
     """
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"expected an (H, W, 3) image, got shape {image.shape}")
+    if image.ndim != 3 or image.shape[2] not in (3, 4):
+        raise ValueError(f"expected an (H, W, 3) or (H, W, 4) image, got shape {image.shape}")
     if height % (patch * merge) or width % (patch * merge):
         raise ValueError(f"{height}x{width} is not made of {patch * merge}-pixel blocks")
     if out.shape != (height * width // patch**2, 3 * temporal * patch**2):
@@ -217,7 +221,7 @@ def resize_into_patches(
 def resize_bicubic_u8(
     image: NDArray[np.uint8], height: int, width: int, helper: Helper | None = None
 ) -> NDArray[np.uint8]:
-    """Antialiased bicubic resize of an (H, W, 3) uint8 image, torch's uint8 arithmetic."""
+    """Antialiased bicubic resize of an (H, W, 3 or 4) uint8 image, torch's uint8 arithmetic."""
     out = np.empty((height * width, 3), np.uint8)  # patches of one pixel: the image itself
     resize_into_patches(image, height, width, 1, 1, 1, out, helper)
     return out.reshape(height, width, 3)

@@ -22,7 +22,7 @@ from PIL import Image
 from render_service.errors import InvalidRequest
 from render_service.multimodal import serialize
 from render_service.multimodal.cache import Patches, patch_cache
-from render_service.multimodal.decode import load_pixels, open_header, open_lazily, to_rgb
+from render_service.multimodal.decode import decode_rgb, open_header, open_lazily
 from render_service.multimodal.halves import Helper
 from render_service.multimodal.hashing import EncodedImage, image_hash
 from render_service.multimodal.memory import keep_freed_buffers
@@ -104,7 +104,7 @@ def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:
 
 def _process(job: Job, image: Image.Image) -> tuple[bytearray | None, Patches]:
     """Decode and preprocess; the patch rows land straight in the serialized item, if any."""
-    rgb = to_rgb(load_pixels(image), job.background)
+    rgb = decode_rgb(image, job.data, job.background)
     grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
     item = rows = None
     if job.slices is not None:

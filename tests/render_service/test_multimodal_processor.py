@@ -17,6 +17,7 @@ from render_service.multimodal import serialize
 from render_service.multimodal.hashing import EncodedImage, hash_kwargs, image_hash
 from render_service.multimodal.qwen2_vl import VisionConfig, process_image, smart_resize
 from render_service.multimodal.resample import resize_bicubic_u8, resize_into_patches
+from tests.media_support import image_bytes
 
 CONFIG = VisionConfig()
 
@@ -153,6 +154,12 @@ def test_resize_into_patches_is_the_resize_cut_into_patches(
     assert np.array_equal(out, _patch_by_patch(resized, patch, merge, temporal))
 
 
+def test_a_fourth_channel_is_padding() -> None:
+    rgbx = np.random.default_rng(8).integers(0, 256, (50, 70, 4), np.uint8)
+    rgb = np.ascontiguousarray(rgbx[..., :3])
+    assert np.array_equal(resize_bicubic_u8(rgbx, 56, 84), resize_bicubic_u8(rgb, 56, 84))
+
+
 def test_resize_into_patches_refuses_what_does_not_fit() -> None:
     image = np.zeros((30, 30, 3), np.uint8)
     with pytest.raises(ValueError, match="blocks"):
@@ -254,14 +261,51 @@ def test_item_filled_in_place_is_the_item_encoded_whole(
     assert bytes(item) == whole
 
 
-def test_warm_up_compiles_what_decoded_images_need() -> None:
+@pytest.mark.parametrize(
+    ("fmt", "mode"), [("JPEG", "RGB"), ("PNG", "RGB"), ("PNG", "RGBA"), ("PNG", "L")]
+)
+def test_warm_up_compiles_what_decoded_images_need(fmt: str, mode: str) -> None:
     from render_service.multimodal import resample
-    from render_service.multimodal.decode import to_rgb
+    from render_service.multimodal.decode import decode_rgb, open_lazily
 
     resample.warm_up()
     kernels = (resample._resample_columns, resample._resample_rows_into_patches)
     compiled = [len(kernel.signatures) for kernel in kernels]
-    for mode in ("RGB", "RGBA", "L"):
-        rgb = to_rgb(Image.new(mode, (30, 20)), (255, 255, 255))
-        resample.resize_bicubic_u8(rgb, 28, 56)
+    data = image_bytes(30, 20, fmt, mode=mode)
+    rgb = decode_rgb(open_lazily(data, 10**6), data, (255, 255, 255))
+    resample.resize_bicubic_u8(rgb, 28, 56)
     assert [len(kernel.signatures) for kernel in kernels] == compiled
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+def test_items_do_not_depend_on_what_their_memory_held(
+    fmt: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Items are allocated uninitialized: every byte must be written, or a response could carry
+    # leftovers of an earlier request. Fill the memory with a pattern and compare with zeros.
+    from render_service.multimodal import work
+
+    data = image_bytes(90, 60, fmt, seed=3)
+    slices = serialize.batch_slices([work.patch_rows(data, 10**6, CONFIG)])
+
+    def run(fill: int, cache_bytes: int) -> work.MediaItem:
+        monkeypatch.setattr(serialize, "uninitialized_bytearray", lambda n: bytearray([fill] * n))
+        job = work.Job(
+            data=data,
+            model_id="m",
+            vision=CONFIG,
+            background=(255, 255, 255),
+            mm_kwargs={},
+            io_kwargs={},
+            uuid=None,
+            max_pixels=10**6,
+            slices=slices,
+            cache_bytes=cache_bytes,
+        )
+        return work.run(job)
+
+    zeros = run(0, 0)
+    assert run(0xA5, 0) == zeros
+    cache = 1 << 24
+    run(0x5A, cache)  # fills the cache
+    assert run(0xA5, cache) == zeros  # the item built from cached rows
