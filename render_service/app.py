@@ -7,7 +7,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -81,13 +81,15 @@ class MsgspecResponse(Response):
 
 
 class PartsResponse(Response):
-    """A JSON body already cut into pieces (``json_parts``), sent one after another."""
+    """A JSON body cut into pieces (``json_parts``), sent one after another; payloads that
+    are still being made are sent piece by piece as they come."""
 
     media_type = "application/json"
 
-    def __init__(self, parts: list[bytes]) -> None:
+    def __init__(self, parts: Sequence[bytes | json_parts.Streamed]) -> None:
         self.parts = parts
-        super().__init__(headers={"content-length": str(sum(len(p) for p in parts))})
+        size = sum(len(p) if isinstance(p, bytes) else p.size for p in parts)
+        super().__init__(headers={"content-length": str(size)})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
@@ -95,7 +97,13 @@ class PartsResponse(Response):
         )
         last = len(self.parts) - 1
         for i, part in enumerate(self.parts):
-            await send({"type": "http.response.body", "body": part, "more_body": i < last})
+            if isinstance(part, bytes):
+                await send({"type": "http.response.body", "body": part, "more_body": i < last})
+                continue
+            async for piece in part.pieces():
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            if i == last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def error_response(exc: RenderServiceError) -> Response:
@@ -169,7 +177,7 @@ class Service:
         self.limits.check_request(body)
         # Images are fetched here and processed in the media pool, never in the render pool.
         multimodal = self.renderer.multimodal
-        media = await multimodal.prepare(body) if multimodal is not None else None
+        media = await multimodal.prepare(body, stream=True) if multimodal is not None else None
         result = await self.run(
             self.renderer.render_chat,
             body,
@@ -179,6 +187,8 @@ class Service:
         metrics.observe_render((result,))
         if media is None:
             return MsgspecResponse(result)
+        if media.payloads is not None:
+            return PartsResponse(json_parts.encode_parts(result, media.payloads))
         encoded = [i.kwargs_data_base64 for i in media.items if i.kwargs_data_base64 is not None]
         if len(encoded) < len(media.items):  # mm_payload "none": no tensors to send
             return MsgspecResponse(result)

@@ -9,7 +9,8 @@ nothing is concatenated.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -18,6 +19,15 @@ import msgspec
 _MARK = b"\x00"
 _SLOT = msgspec.Raw(b'"' + _MARK + b'"')
 _encoder = msgspec.json.Encoder()
+T = TypeVar("T")
+
+
+class Streamed(Protocol):
+    """A payload sent as it is made (``multimodal.Payload``): its length is known up front."""
+
+    size: int
+
+    def pieces(self) -> AsyncIterator[bytes]: ...
 
 
 def _with_slots(features: dict[str, Any]) -> dict[str, Any]:
@@ -29,16 +39,17 @@ def _with_slots(features: dict[str, Any]) -> dict[str, Any]:
     return {**features, "kwargs_data": slotted}
 
 
-def encode_parts(result: Any, encoded: list[bytes]) -> list[bytes]:
+def encode_parts(result: Any, encoded: Sequence[T]) -> list[bytes | T]:
     """The JSON of a render result (a GenerateRequest struct) as pieces to send in order.
 
-    ``encoded``: the base64 of each ``kwargs_data`` item, in order (the media workers make it).
+    ``encoded``: the base64 of each ``kwargs_data`` item, in order (the media workers make it),
+    or whatever stands for it (a stream of it, say): the JSON goes around them.
     """
     features = getattr(result, "features", None)
     if features:
         result = msgspec.structs.replace(result, features=_with_slots(features))
     pieces = _encoder.encode(result).split(_MARK)
-    parts = [pieces[0]]
+    parts: list[bytes | T] = [pieces[0]]
     for text, piece in zip(encoded, pieces[1:], strict=True):
         parts.append(text)
         parts.append(piece)

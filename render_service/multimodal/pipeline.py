@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
@@ -31,7 +31,7 @@ from render_service.multimodal.fetch import (
     fetch_http,
     read_local,
 )
-from render_service.multimodal.qwen2_vl import VisionConfig
+from render_service.multimodal.qwen2_vl import VisionConfig, patch_row_width
 from render_service.multimodal.warm_pool import WarmThreadPool
 from render_service.multimodal.work import MediaItem
 from render_service.protocol._base import convert
@@ -69,11 +69,49 @@ class ImagePart(msgspec.Struct, frozen=True, kw_only=True):
         return MediaError(f"{self.where}: {reason}", self.param)
 
 
+class Payload:
+    """One item's base64, arriving in pieces from the media pool while it is being made."""
+
+    def __init__(self, size: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.size = size  # bytes of base64 in all
+        self._loop = loop
+        self._pieces: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    def put(self, piece: bytes | BaseException | None) -> None:
+        """From any thread: a piece, the error that ended the item, or None once it is whole."""
+        self._loop.call_soon_threadsafe(self._pieces.put_nowait, piece)
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        while (piece := await self._pieces.get()) is not None:
+            if isinstance(piece, BaseException):
+                raise piece
+            yield piece
+
+
+def _decode_then_finish(job: work.Job, decoded: Future[work.Decoded], payload: Payload) -> None:
+    """One image in one media thread: decoded (the request waits for that: it can still fail),
+    then its payload made and sent on in pieces."""
+    try:
+        image = work.decode(job)
+    except BaseException as exc:
+        decoded.set_exception(exc)
+        return
+    decoded.set_result(image)
+    try:
+        work.finish(job, image, payload.put)
+    except BaseException as exc:
+        payload.put(exc)
+        raise
+    payload.put(None)
+
+
 class MediaBatch(msgspec.Struct, frozen=True, kw_only=True):
     """The processed images of one request, in prompt order."""
 
     items: list[MediaItem]
     image_token_id: int
+    # The items' base64 still on its way (``prepare(stream=True)``); ``items`` then carry none.
+    payloads: list[Payload] | None = None
 
     def expand(self, token_ids: list[int]) -> tuple[list[int], dict[str, Any]]:
         """Expand each image pad to its image's length; return the ids and ``features``."""
@@ -92,7 +130,9 @@ class MediaBatch(msgspec.Struct, frozen=True, kw_only=True):
             ids.extend([self.image_token_id] * item.num_tokens)
             start = position + 1
         ids.extend(token_ids[start:])
-        with_payload = all(item.kwargs_data is not None for item in self.items)
+        with_payload = self.payloads is not None or all(
+            item.kwargs_data is not None for item in self.items
+        )
         features = {
             "mm_hashes": {"image": [item.mm_hash for item in self.items]},
             "mm_placeholders": {"image": placeholders},
@@ -179,9 +219,17 @@ class MediaPipeline:
             raise part.error(str(exc)) from exc
 
     @staticmethod
-    def _rows(part: ImagePart, data: bytes, max_pixels: int, vision: VisionConfig) -> int:
+    def _grid(
+        part: ImagePart, data: bytes, max_pixels: int, vision: VisionConfig
+    ) -> tuple[int, int, int]:
         try:
-            return work.patch_rows(data, max_pixels, vision)
+            return work.header_grid(data, max_pixels, vision)
+        except ValueError as exc:
+            raise part.error(str(exc)) from exc
+
+    async def _decoded(self, part: ImagePart, future: Future[work.Decoded]) -> work.Decoded:
+        try:
+            return await asyncio.wrap_future(future)
         except ValueError as exc:
             raise part.error(str(exc)) from exc
 
@@ -235,8 +283,13 @@ class MediaPipeline:
             for m in messages
         )
 
-    async def prepare(self, request: Any) -> MediaBatch | None:
-        """Fetch and process the request's images; None when it has none."""
+    async def prepare(self, request: Any, stream: bool = False) -> MediaBatch | None:
+        """Fetch and process the request's images; None when it has none.
+
+        With ``stream`` (and media threads), it returns once every image is decoded: nothing
+        can fail after that, and the items' tensors follow in ``payloads``, base64 in pieces,
+        so a response can be sent while its later rows are still being made.
+        """
         request = _as_request(request)
         if not self.has_images(request):
             self._request_kwargs(request)
@@ -252,16 +305,16 @@ class MediaPipeline:
         background = self._background(io_kwargs)
         payloads = await asyncio.gather(*(self._load(part) for part in parts))
         max_pixels = self.settings.max_image_pixels
-        slices = None
+        slices = grids = None
         if getattr(request, "mm_payload", "tensors") != "none":
             # Every item records the rows of all items of the request (vLLM's layout), so the
             # row counts come first, from the image headers (a header parse takes microseconds,
             # less than a trip to a worker).
-            rows = [
-                self._rows(part, data, max_pixels, vision)
+            grids = [
+                self._grid(part, data, max_pixels, vision)
                 for part, data in zip(parts, payloads, strict=True)
             ]
-            slices = serialize.batch_slices(rows)
+            slices = serialize.batch_slices([t * h * w for t, h, w in grids])
         jobs = [
             work.Job(
                 data=data,
@@ -277,10 +330,36 @@ class MediaPipeline:
             )
             for part, data in zip(parts, payloads, strict=True)
         ]
-        items = await asyncio.gather(
-            *(self._in_pool(part, work.run, job) for part, job in zip(parts, jobs, strict=True))
+        threads = isinstance(self.pool, WarmThreadPool)
+        if not (stream and threads and slices is not None and grids is not None):
+            items = await asyncio.gather(
+                *(self._in_pool(part, work.run, job) for part, job in zip(parts, jobs, strict=True))
+            )
+            return MediaBatch(items=list(items), image_token_id=self.vision.image_token_id)
+        loop = asyncio.get_running_loop()
+        row_width = patch_row_width(vision)
+        pending, decoding = [], []
+        for job, grid in zip(jobs, grids, strict=True):
+            size = serialize.item_size(grid, row_width, slices)
+            payload = Payload(serialize.encoded_size(size), loop)
+            decoded: Future[work.Decoded] = Future()
+            self.pool.submit(_decode_then_finish, job, decoded, payload)
+            pending.append(payload)
+            decoding.append(decoded)
+        images = await asyncio.gather(
+            *(self._decoded(part, d) for part, d in zip(parts, decoding, strict=True))
         )
-        return MediaBatch(items=list(items), image_token_id=self.vision.image_token_id)
+        items = [
+            MediaItem(
+                mm_hash=image.mm_hash,
+                num_tokens=image.num_tokens,
+                kwargs_data=None,
+                kwargs_data_base64=None,
+                mm_metadata=serialize.metadata_item(image.grid_thw),
+            )
+            for image in images
+        ]
+        return MediaBatch(items=items, image_token_id=self.vision.image_token_id, payloads=pending)
 
     def prepare_blocking(self, request: Any) -> MediaBatch | None:
         """``prepare`` for callers without an event loop (library use, worker threads)."""

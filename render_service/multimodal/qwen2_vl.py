@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -139,11 +140,13 @@ def process_image(
     config: VisionConfig,
     out: NDArray[np.uint8] | None = None,
     helper: Helper | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> ProcessedImage:
     """An (H, W, 3) uint8 RGB image (or (H, W, 4), padded) -> the engine's ``pixel_values`` and ``image_grid_thw``.
 
     ``out``, when given, receives the patch rows (a view into the serialized item, say);
-    ``helper`` takes half of the work when it is free.
+    ``helper`` takes half of the work when it is free; ``progress`` hears how many leading
+    rows are final (``resize_into_patches``).
     """
     # Imported here: numba costs text-only servers 0.6 s of start-up and 40 MB if loaded.
     from render_service.multimodal.resample import resize_into_patches
@@ -155,7 +158,7 @@ def process_image(
         out = np.empty((grid_h * grid_w, patch_row_width(config)), np.uint8)
     # Patch rows in Qwen2-VL's order: merge blocks contiguous, one still image in every
     # temporal slot.
-    resize_into_patches(rgb, height, width, p, m, t, out, helper)
+    resize_into_patches(rgb, height, width, p, m, t, out, helper, progress)
     return ProcessedImage(
         pixel_values=out,
         grid_thw=(1, grid_h, grid_w),

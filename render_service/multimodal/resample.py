@@ -18,6 +18,7 @@ on-disk cache: it needs a writable directory, which read-only containers do not 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 from numba import njit
@@ -26,6 +27,7 @@ from numpy.typing import NDArray
 from render_service.multimodal.halves import Helper, over_halves
 
 _BAND = 16  # image rows per step of the horizontal pass
+_PROGRESS_STEPS = 8  # how often a caller that streams the rows hears of them
 _u64 = np.uint64  # the kernels' index type (see the module docstring)
 
 
@@ -192,13 +194,15 @@ def resize_into_patches(
     temporal: int,
     out: NDArray[np.uint8],
     helper: Helper | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> None:
     """Resize an (H, W, 3) uint8 image with torch's arithmetic, writing patch rows into ``out``.
 
     An (H, W, 4) image is read as RGB plus padding (``decode.decode_rgb``'s JPEG layout).
-
     ``out`` is (height * width / patch**2, 3 * temporal * patch**2); height and width are
     multiples of ``patch * merge``. With a free ``helper``, each pass is split in two.
+    ``progress`` is called a few times with how many leading rows of ``out`` are final, the
+    last time with all of them.
     """
     if image.ndim != 3 or image.shape[2] not in (3, 4):
         raise ValueError(f"expected an (H, W, 3) or (H, W, 4) image, got shape {image.shape}")
@@ -211,11 +215,19 @@ def resize_into_patches(
     planes = np.empty((3, src.shape[0], width), np.uint8)
     over_halves(helper, lambda a, b: _resample_columns(src, *columns, planes, a, b), src.shape[0])
     rows = axis_weights(src.shape[0], height)
-    over_halves(
-        helper,
-        lambda a, b: _resample_rows_into_patches(planes, *rows, patch, merge, temporal, out, a, b),
-        height // patch,
-    )
+    bands = height // patch  # every ``merge`` bands finish a row of merge blocks: whole rows
+    step = bands if progress is None else merge * -(-bands // (merge * _PROGRESS_STEPS))
+
+    def bands_from(first: int) -> Callable[[int, int], None]:
+        return lambda a, b: _resample_rows_into_patches(
+            planes, *rows, patch, merge, temporal, out, first + a, first + b
+        )
+
+    for first in range(0, bands, step):
+        last = min(bands, first + step)
+        over_halves(helper, bands_from(first), last - first)
+        if progress is not None:
+            progress(last * (width // patch))
 
 
 def resize_bicubic_u8(

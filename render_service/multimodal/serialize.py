@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import ctypes
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
+import pybase64
 from numpy.typing import NDArray
 
 _TENSOR_EXT = 3
@@ -79,16 +81,17 @@ def uninitialized_bytearray(size: int) -> bytearray:
     return item
 
 
-def image_item(
-    grid_thw: tuple[int, int, int], row_width: int, batch_slices: Slices
-) -> tuple[bytearray, NDArray[np.uint8]]:
-    """One image's ``kwargs_data`` item with its pixel rows still to fill, and a view of them.
+class ImageItem(NamedTuple):
+    item: bytearray  # the serialized item
+    rows: NDArray[np.uint8]  # a view of its pixel rows
+    rows_at: int  # where they start in it
 
-    The patch rows are written straight into the serialized item, not copied there after; the
-    caller must write every row (they start as garbage, not zeros).
-    """
+
+def _around_rows(
+    grid_thw: tuple[int, int, int], row_width: int, batch_slices: Slices
+) -> tuple[bytes, bytes]:
+    """An image item's bytes before its pixel rows (up to their ext header) and after them."""
     rows = grid_thw[0] * grid_thw[1] * grid_thw[2]
-    size = rows * row_width
     skeleton = encode_item(
         {
             "image_grid_thw": grid_field(grid_thw),
@@ -99,13 +102,66 @@ def image_item(
         }
     )
     before, after = skeleton.split(_encoder.encode(_SLOT))
-    header = _ext_header(size, _TENSOR_EXT)
-    item = uninitialized_bytearray(len(before) + len(header) + size + len(after))
-    start = len(before) + len(header)
-    item[:start] = before + header
+    return before + _ext_header(rows * row_width, _TENSOR_EXT), after
+
+
+def item_size(grid_thw: tuple[int, int, int], row_width: int, batch_slices: Slices) -> int:
+    """The length of ``image_item``'s item."""
+    before, after = _around_rows(grid_thw, row_width, batch_slices)
+    return len(before) + grid_thw[0] * grid_thw[1] * grid_thw[2] * row_width + len(after)
+
+
+def image_item(grid_thw: tuple[int, int, int], row_width: int, batch_slices: Slices) -> ImageItem:
+    """One image's ``kwargs_data`` item with its pixel rows still to fill, and a view of them.
+
+    The patch rows are written straight into the serialized item, not copied there after; the
+    caller must write every row (they start as garbage, not zeros).
+    """
+    rows = grid_thw[0] * grid_thw[1] * grid_thw[2]
+    size = rows * row_width
+    before, after = _around_rows(grid_thw, row_width, batch_slices)
+    item = uninitialized_bytearray(len(before) + size + len(after))
+    start = len(before)
+    item[:start] = before
     item[start + size :] = after
     pixels = np.frombuffer(item, np.uint8, count=size, offset=start).reshape(rows, row_width)
-    return item, pixels
+    return ImageItem(item, pixels, start)
+
+
+def metadata_item(grid_thw: tuple[int, int, int]) -> bytes:
+    """One image's ``mm_metadata`` item."""
+    return encode_item({"image_grid_thw": grid_field(grid_thw)})
+
+
+class Base64Pieces:
+    """The base64 of a buffer that fills from the front, sent in pieces as it fills.
+
+    Each piece but the last covers a multiple of 3 bytes, so the pieces join into the base64
+    of the whole buffer.
+    """
+
+    def __init__(self, buffer: bytearray, send: Callable[[bytes], None]) -> None:
+        self._view = memoryview(buffer)
+        self._send = send
+        self._done = 0
+
+    def filled(self, end: int) -> None:
+        """Bytes up to ``end`` are final: send what of them whole groups cover."""
+        end = self._done + (end - self._done) // 3 * 3
+        if end > self._done:
+            self._send(pybase64.b64encode(self._view[self._done : end]))
+            self._done = end
+
+    def close(self) -> None:
+        """Send the rest, padded: the buffer is complete."""
+        if self._done < len(self._view):
+            self._send(pybase64.b64encode(self._view[self._done :]))
+            self._done = len(self._view)
+
+
+def encoded_size(size: int) -> int:
+    """The length of the base64 of ``size`` bytes."""
+    return -(-size // 3) * 4
 
 
 def batch_slices(row_counts: list[int]) -> Slices:

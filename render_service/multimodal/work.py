@@ -13,15 +13,17 @@ import functools
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import numpy as np
 import pybase64
-from PIL import Image
+from numpy.typing import NDArray
 
 from render_service.errors import InvalidRequest
 from render_service.multimodal import serialize
-from render_service.multimodal.cache import Patches, patch_cache
+from render_service.multimodal.cache import PatchCache, Patches, patch_cache
 from render_service.multimodal.decode import decode_rgb, open_header, open_lazily
 from render_service.multimodal.halves import Helper
 from render_service.multimodal.hashing import EncodedImage, image_hash
@@ -95,38 +97,25 @@ def _grid(height: int, width: int, vision: VisionConfig) -> tuple[int, int, int]
         raise ValueError(exc.message) from exc
 
 
-def patch_rows(data: bytes, max_pixels: int, vision: VisionConfig) -> int:
-    """How many patch rows the image will have, from its header alone (cheap: run inline)."""
+def header_grid(data: bytes, max_pixels: int, vision: VisionConfig) -> tuple[int, int, int]:
+    """The image's patch grid, from its header alone (cheap: run inline)."""
     width, height = open_header(data, max_pixels)
-    _, grid_h, grid_w = _grid(height, width, vision)
-    return grid_h * grid_w
+    return _grid(height, width, vision)
 
 
-def _process(job: Job, image: Image.Image) -> tuple[bytearray | None, Patches]:
-    """Decode and preprocess; the patch rows land straight in the serialized item, if any."""
-    rgb = decode_rgb(image, job.data, job.background)
-    grid = _grid(rgb.shape[0], rgb.shape[1], job.vision)
-    item = rows = None
-    if job.slices is not None:
-        item, rows = serialize.image_item(grid, patch_row_width(job.vision), job.slices)
-    try:
-        processed = process_image(rgb, job.vision, out=rows, helper=helper())
-    except InvalidRequest as exc:
-        raise ValueError(exc.message) from exc
-    patches = Patches(
-        rows=processed.pixel_values, grid_thw=processed.grid_thw, num_tokens=processed.num_tokens
-    )
-    return item, patches
+class Decoded(msgspec.Struct, frozen=True, kw_only=True):
+    """One image past the steps that can fail: checked, hashed, and decoded unless cached."""
+
+    mm_hash: str
+    cache_key: tuple[str, VisionConfig]
+    pixels: NDArray[np.uint8] | None  # None when ``cached`` holds the patch rows
+    cached: Patches | None
+    grid_thw: tuple[int, int, int]
+    num_tokens: int
 
 
-def _item_from(patches: Patches, slices: serialize.Slices) -> bytearray:
-    item, rows = serialize.image_item(patches.grid_thw, patches.rows.shape[1], slices)
-    rows[:] = patches.rows
-    return item
-
-
-def run(job: Job) -> MediaItem:
-    """Decode, preprocess, hash and serialize one image (its patches from the cache if seen)."""
+def decode(job: Job) -> Decoded:
+    """Check, hash and decode one image (or find its patches in the cache)."""
     image = open_lazily(job.data, job.max_pixels)
     converted = image.mode != "RGB"
     io_config = (
@@ -139,22 +128,91 @@ def run(job: Job) -> MediaItem:
         if job.uuid is None
         else image_hash(job.model_id, encoded, job.mm_kwargs, job.io_kwargs, job.uuid)
     )
-    cache = patch_cache(job.cache_bytes) if job.cache_bytes > 0 else None
     key = (content, job.vision)
-    patches = cache.get(key) if cache is not None else None
-    if patches is None:
-        item, patches = _process(job, image)
-        if cache is not None:
-            cache.put(key, patches)
-    else:
-        item = None if job.slices is None else _item_from(patches, job.slices)
-    metadata = None
-    if item is not None:
-        metadata = serialize.encode_item({"image_grid_thw": serialize.grid_field(patches.grid_thw)})
-    return MediaItem(
+    cache = _cache(job)
+    cached = cache.get(key) if cache is not None else None
+    if cached is not None:
+        return Decoded(
+            mm_hash=mm_hash,
+            cache_key=key,
+            pixels=None,
+            cached=cached,
+            grid_thw=cached.grid_thw,
+            num_tokens=cached.num_tokens,
+        )
+    pixels = decode_rgb(image, job.data, job.background)
+    grid = _grid(pixels.shape[0], pixels.shape[1], job.vision)
+    return Decoded(
         mm_hash=mm_hash,
-        num_tokens=patches.num_tokens,
-        kwargs_data=item,
-        kwargs_data_base64=None if item is None else pybase64.b64encode(item),
-        mm_metadata=metadata,
+        cache_key=key,
+        pixels=pixels,
+        cached=None,
+        grid_thw=grid,
+        num_tokens=grid[1] * grid[2] // job.vision.merge_size**2,
     )
+
+
+def finish(job: Job, decoded: Decoded, send: Callable[[bytes], None] | None = None) -> MediaItem:
+    """Resize into patch rows (or copy the cached ones) and serialize them.
+
+    With ``send``, the item's base64 goes there in pieces while the rows are being made, and
+    the returned item carries none.
+    """
+    item = rows = pieces = None
+    rows_at = 0
+    row_width = patch_row_width(job.vision)
+    if job.slices is not None:
+        item, rows, rows_at = serialize.image_item(decoded.grid_thw, row_width, job.slices)
+        if send is not None:
+            pieces = serialize.Base64Pieces(item, send)
+    if decoded.cached is not None:
+        if rows is not None:
+            rows[:] = decoded.cached.rows
+    else:
+        assert decoded.pixels is not None
+        progress = None if pieces is None else _rows_to(pieces, rows_at, row_width)
+        try:
+            processed = process_image(decoded.pixels, job.vision, rows, helper(), progress)
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from exc
+        cache = _cache(job)
+        if cache is not None:
+            cache.put(
+                decoded.cache_key,
+                Patches(
+                    rows=processed.pixel_values,
+                    grid_thw=processed.grid_thw,
+                    num_tokens=processed.num_tokens,
+                ),
+            )
+    if item is None:
+        return MediaItem(
+            mm_hash=decoded.mm_hash,
+            num_tokens=decoded.num_tokens,
+            kwargs_data=None,
+            kwargs_data_base64=None,
+            mm_metadata=None,
+        )
+    if pieces is not None:
+        pieces.close()
+    return MediaItem(
+        mm_hash=decoded.mm_hash,
+        num_tokens=decoded.num_tokens,
+        kwargs_data=item,
+        kwargs_data_base64=None if pieces is not None else pybase64.b64encode(item),
+        mm_metadata=serialize.metadata_item(decoded.grid_thw),
+    )
+
+
+def run(job: Job) -> MediaItem:
+    """Decode, preprocess, hash and serialize one image (its patches from the cache if seen)."""
+    return finish(job, decode(job))
+
+
+def _rows_to(pieces: serialize.Base64Pieces, rows_at: int, row_width: int) -> Callable[[int], None]:
+    """A resize ``progress`` callback that sends the item's base64 as far as its rows go."""
+    return lambda done: pieces.filled(rows_at + done * row_width)
+
+
+def _cache(job: Job) -> PatchCache | None:
+    return patch_cache(job.cache_bytes) if job.cache_bytes > 0 else None

@@ -20,7 +20,7 @@ import pytest
 
 from render_service.errors import InvalidRequest
 from render_service.multimodal import work
-from render_service.multimodal.pipeline import MediaBatch, MediaPipeline
+from render_service.multimodal.pipeline import MediaBatch, MediaPipeline, Payload
 from render_service.multimodal.qwen2_vl import VisionConfig
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.settings import Settings
@@ -48,15 +48,71 @@ def pipeline(**flags: Any) -> MediaPipeline:
     return MediaPipeline("test-vl", VisionConfig(), settings)
 
 
-def prepare(pipe: MediaPipeline, body: dict[str, Any]) -> MediaBatch | None:
-    return asyncio.run(pipe.prepare(msgspec.convert(body, ChatCompletionRequest)))
+def prepare(pipe: MediaPipeline, body: dict[str, Any], stream: bool = False) -> MediaBatch | None:
+    return asyncio.run(pipe.prepare(msgspec.convert(body, ChatCompletionRequest), stream))
 
 
 def refused(pipe: MediaPipeline, body: dict[str, Any]) -> InvalidRequest:
-    with pytest.raises(InvalidRequest) as info:
-        prepare(pipe, body)
-    assert info.value.status == 400
+    """The 400 a request gets, the same whether its payloads would be streamed or not."""
+    errors = []
+    for stream in (False, True):
+        with pytest.raises(InvalidRequest) as info:
+            prepare(pipe, body, stream)
+        assert info.value.status == 400
+        errors.append((info.value.message, info.value.param))
+    assert errors[0] == errors[1]
     return info.value
+
+
+def streamed(pipe: MediaPipeline, body: dict[str, Any]) -> tuple[MediaBatch, list[bytes]]:
+    """A streamed batch and its payloads, read to the end (in prompt order, as a response)."""
+
+    async def run() -> tuple[MediaBatch, list[bytes]]:
+        batch = await pipe.prepare(msgspec.convert(body, ChatCompletionRequest), stream=True)
+        assert batch is not None and batch.payloads is not None
+        payloads = []
+        for payload in batch.payloads:
+            payloads.append(b"".join([piece async for piece in payload.pieces()]))
+            assert len(payloads[-1]) == payload.size
+        return batch, payloads
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("cache_gb", [0.0, 0.1])
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_streamed_payloads_are_the_whole_items(count: int, cache_gb: float) -> None:
+    formats = ["JPEG", "PNG", "JPEG", "WEBP"]
+    urls = [data_url(image_bytes(300 - 40 * i, 200, formats[i], seed=i)) for i in range(count)]
+    pipe = pipeline(mm_processor_cache_gb=cache_gb)
+    whole = prepare(pipe, chat_body(*urls))
+    for _ in range(2):  # with the cache on, the second time the rows come from it
+        batch, payloads = streamed(pipe, chat_body(*urls))
+        assert whole is not None and len(payloads) == count
+        assert payloads == [item.kwargs_data_base64 for item in whole.items]
+        for ours, theirs in zip(batch.items, whole.items, strict=True):
+            assert ours.kwargs_data is None
+            assert (ours.mm_hash, ours.num_tokens, ours.mm_metadata) == (
+                theirs.mm_hash,
+                theirs.num_tokens,
+                theirs.mm_metadata,
+            )
+    ids = [1, whole.image_token_id] * count
+    assert batch.expand(ids)[0] == whole.expand(ids)[0]
+
+
+def test_a_payload_that_fails_midway_raises_where_it_is_read() -> None:
+    async def run() -> None:
+        payload = Payload(10, asyncio.get_running_loop())
+        payload.put(b"abc")
+        payload.put(RuntimeError("the worker failed"))
+        pieces = []
+        with pytest.raises(RuntimeError, match="the worker failed"):
+            async for piece in payload.pieces():
+                pieces.append(piece)
+        assert pieces == [b"abc"]
+
+    asyncio.run(run())
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ different weight precision, so within 2 levels), and the patch geometry read bac
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -160,6 +162,22 @@ def test_a_fourth_channel_is_padding() -> None:
     assert np.array_equal(resize_bicubic_u8(rgbx, 56, 84), resize_bicubic_u8(rgb, 56, 84))
 
 
+@pytest.mark.parametrize(("blocks_h", "blocks_w"), [(1, 3), (5, 2), (26, 46)])
+def test_progress_reports_rows_that_are_final(blocks_h: int, blocks_w: int) -> None:
+    image = np.random.default_rng(blocks_h).integers(0, 256, (50, 60, 4), np.uint8)
+    height, width = blocks_h * 28, blocks_w * 28
+    out = np.empty((height * width // 196, 1176), np.uint8)
+    seen: list[tuple[int, np.ndarray]] = []
+    resize_into_patches(
+        image, height, width, 14, 2, 2, out, progress=lambda n: seen.append((n, out[:n].copy()))
+    )
+    counts = [n for n, _ in seen]
+    assert counts == sorted(set(counts)) and counts[-1] == len(out)
+    assert len(counts) <= 8
+    for n, rows in seen:
+        assert np.array_equal(rows, out[:n])  # never written again after being reported
+
+
 def test_resize_into_patches_refuses_what_does_not_fit() -> None:
     image = np.zeros((30, 30, 3), np.uint8)
     with pytest.raises(ValueError, match="blocks"):
@@ -249,7 +267,7 @@ def test_item_filled_in_place_is_the_item_encoded_whole(
     grid: tuple[int, int, int], row_width: int
 ) -> None:
     slices = serialize.batch_slices([grid[1] * grid[2], 3])
-    item, rows = serialize.image_item(grid, row_width, slices)
+    item, rows, rows_at = serialize.image_item(grid, row_width, slices)
     pixels = np.random.default_rng(row_width).integers(0, 256, rows.shape, dtype=np.uint8)
     rows[:] = pixels
     whole = serialize.encode_item(
@@ -259,6 +277,21 @@ def test_item_filled_in_place_is_the_item_encoded_whole(
         }
     )
     assert bytes(item) == whole
+    assert whole[rows_at : rows_at + pixels.size] == pixels.tobytes()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=200), st.lists(st.integers(0, 200), max_size=6))
+def test_base64_pieces_join_into_the_whole(data: bytes, marks: list[int]) -> None:
+    buffer = bytearray(data)
+    pieces: list[bytes] = []
+    sender = serialize.Base64Pieces(buffer, pieces.append)
+    for end in sorted(min(mark, len(data)) for mark in marks):
+        sender.filled(end)
+    sender.close()
+    assert b"".join(pieces) == base64.b64encode(data)
+    assert serialize.encoded_size(len(data)) == len(b"".join(pieces))
+    assert all(pieces)  # nothing empty is sent
 
 
 @pytest.mark.parametrize(
@@ -286,7 +319,8 @@ def test_items_do_not_depend_on_what_their_memory_held(
     from render_service.multimodal import work
 
     data = image_bytes(90, 60, fmt, seed=3)
-    slices = serialize.batch_slices([work.patch_rows(data, 10**6, CONFIG)])
+    _, grid_h, grid_w = work.header_grid(data, 10**6, CONFIG)
+    slices = serialize.batch_slices([grid_h * grid_w])
 
     def run(fill: int, cache_bytes: int) -> work.MediaItem:
         monkeypatch.setattr(serialize, "uninitialized_bytearray", lambda n: bytearray([fill] * n))
