@@ -4,7 +4,9 @@ Two stages, so that image work never holds up text renders:
 
 1. ``MediaPipeline.prepare`` (async, before rendering): fetches every image part on the event
    loop, then decodes, preprocesses, hashes and serializes the items in the media pool (its own
-   threads or processes, ``--media-num-workers``). The result is a ``MediaBatch``.
+   threads or processes, ``--media-num-workers``). The result is a ``MediaBatch``. The HTTP
+   layer asks for it streamed: it comes back once every image is decoded, and each item's
+   tensors follow as base64 pieces (``Payload``) while the response is already being sent.
 2. ``MediaBatch.expand`` (inside the ordinary render, after tokenization): each
    ``<|image_pad|>`` the chat template emitted becomes as many pads as the image has tokens,
    and the ``features`` dict is assembled around the new ids.
@@ -91,6 +93,8 @@ class Payload:
 def _decode_then_finish(job: work.Job, decoded: Future[work.Decoded], payload: Payload) -> None:
     """One image in one media thread: decoded (the request waits for that: it can still fail),
     then its payload made and sent on in pieces."""
+    if not decoded.set_running_or_notify_cancel():
+        return  # the request is gone (its client hung up) before the image was started
     try:
         image = work.decode(job)
     except BaseException as exc:

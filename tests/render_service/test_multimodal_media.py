@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,12 @@ import pytest
 
 from render_service.errors import InvalidRequest
 from render_service.multimodal import work
-from render_service.multimodal.pipeline import MediaBatch, MediaPipeline, Payload
+from render_service.multimodal.pipeline import (
+    MediaBatch,
+    MediaPipeline,
+    Payload,
+    _decode_then_finish,
+)
 from render_service.multimodal.qwen2_vl import VisionConfig
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.settings import Settings
@@ -99,6 +105,36 @@ def test_streamed_payloads_are_the_whole_items(count: int, cache_gb: float) -> N
             )
     ids = [1, whole.image_token_id] * count
     assert batch.expand(ids)[0] == whole.expand(ids)[0]
+
+
+def test_an_image_whose_request_is_gone_is_not_processed() -> None:
+    data = image_bytes(300, 200, "JPEG")
+    _, grid_h, grid_w = work.header_grid(data, 10**6, VisionConfig())
+    job = work.Job(
+        data=data,
+        model_id="test-vl",
+        vision=VisionConfig(),
+        background=(255, 255, 255),
+        mm_kwargs={},
+        io_kwargs={},
+        uuid=None,
+        max_pixels=10**6,
+        slices=[[[0, grid_h * grid_w, None]]],
+    )
+    sent: list[object] = []
+
+    class Recorder:
+        def put(self, piece: object) -> None:
+            sent.append(piece)
+
+    gone: Future[work.Decoded] = Future()
+    gone.cancel()
+    _decode_then_finish(job, gone, Recorder())  # type: ignore[arg-type]
+    assert sent == []
+    live: Future[work.Decoded] = Future()
+    _decode_then_finish(job, live, Recorder())  # type: ignore[arg-type]
+    assert live.result().num_tokens == grid_h * grid_w // 4
+    assert sent[-1] is None and all(isinstance(piece, bytes) for piece in sent[:-1])
 
 
 def test_a_payload_that_fails_midway_raises_where_it_is_read() -> None:
