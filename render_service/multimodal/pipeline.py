@@ -307,7 +307,7 @@ class MediaPipeline:
             )
         vision = self.vision.with_kwargs(mm_kwargs)
         background = self._background(io_kwargs)
-        payloads = await asyncio.gather(*(self._load(part) for part in parts))
+        contents = await asyncio.gather(*(self._load(part) for part in parts))
         max_pixels = self.settings.max_image_pixels
         slices = grids = None
         if getattr(request, "mm_payload", "tensors") != "none":
@@ -316,7 +316,7 @@ class MediaPipeline:
             # less than a trip to a worker).
             grids = [
                 self._grid(part, data, max_pixels, vision)
-                for part, data in zip(parts, payloads, strict=True)
+                for part, data in zip(parts, contents, strict=True)
             ]
             slices = serialize.batch_slices([t * h * w for t, h, w in grids])
         jobs = [
@@ -332,7 +332,7 @@ class MediaPipeline:
                 slices=slices,
                 cache_bytes=int(self.settings.mm_processor_cache_gb * (1 << 30)),
             )
-            for part, data in zip(parts, payloads, strict=True)
+            for part, data in zip(parts, contents, strict=True)
         ]
         threads = isinstance(self.pool, WarmThreadPool)
         if not (stream and threads and slices is not None and grids is not None):

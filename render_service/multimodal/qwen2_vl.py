@@ -142,7 +142,8 @@ def process_image(
     helper: Helper | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ProcessedImage:
-    """An (H, W, 3) uint8 RGB image (or (H, W, 4), padded) -> the engine's ``pixel_values`` and ``image_grid_thw``.
+    """An (H, W, 3) uint8 RGB image (or (H, W, 4), padded) -> the engine's ``pixel_values``
+    and ``image_grid_thw``.
 
     ``out``, when given, receives the patch rows (a view into the serialized item, say);
     ``helper`` takes half of the work when it is free; ``progress`` hears how many leading
