@@ -58,8 +58,12 @@ class Model:
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
         eos = config["eos_token"]
         self.primary_eos = self.tok.token_to_id(eos if isinstance(eos, str) else eos["content"])
-        generation = json.loads((directory / "generation_config.json").read_text(encoding="utf-8"))
-        eos_ids = generation.get("eos_token_id", [])
+        # Some model directories ship no generation_config.json; config.json then names the EOS.
+        generation_file = directory / "generation_config.json"
+        if not generation_file.is_file():
+            generation_file = directory / "config.json"
+        generation = json.loads(generation_file.read_text(encoding="utf-8"))
+        eos_ids = generation.get("eos_token_id") or []
         self.eos_ids = frozenset(eos_ids if isinstance(eos_ids, list) else [eos_ids])
 
     def decode(self, ids: Any) -> str:
