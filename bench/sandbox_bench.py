@@ -17,10 +17,10 @@ from typing import Any
 import msgspec
 
 from render_service import Renderer
-from render_service.limits import Limits
+from render_service.http.limits import Limits
+from render_service.model.sandbox import TemplateSandbox
+from render_service.model.templating import apply_template, build_conversation
 from render_service.protocol.chat import ChatCompletionRequest
-from render_service.sandbox import TemplateSandbox
-from render_service.templating import apply_template, build_conversation
 
 REPO = Path(__file__).resolve().parents[1]
 TOOL = {

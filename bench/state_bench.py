@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import msgspec
 
-from render_service.parser_cache import ParserCache, running_digest, seed_digest
-from render_service.stream_state import StateCodec, random_secret
+from render_service.derender.parser_cache import ParserCache, running_digest, seed_digest
+from render_service.derender.stream_state import StateCodec, random_secret
 
 
 class Sample(msgspec.Struct, frozen=True):

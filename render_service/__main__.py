@@ -1,3 +1,3 @@
-from render_service.cli import main
+from render_service.http.cli import main
 
 main()

@@ -36,13 +36,15 @@ from render_service.multimodal.fetch import (
 from render_service.multimodal.qwen2_vl import VisionConfig, patch_row_width
 from render_service.multimodal.warm_pool import WarmThreadPool
 from render_service.multimodal.work import MediaItem
-from render_service.protocol._base import convert
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.settings import Settings
+from render_service.validation import convert
 
 T = TypeVar("T")
 
 IMAGE_PART_TYPES = frozenset({"image_url"})
+# What a Qwen2-VL-family chat template writes for an image (used for string-format templates).
+IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 DEFAULT_IMAGE_LIMIT = 999  # vLLM's per-prompt default for each modality
 _WHITE = (255, 255, 255)
 _IO_KEYS = frozenset({"rgba_background_color"})
@@ -178,6 +180,9 @@ def image_parts(messages: list[dict[str, Any]]) -> list[ImagePart]:
 
 class MediaPipeline:
     """Image handling for one Qwen2-VL-family model: limits, pool, processor settings."""
+
+    #: The image's stand-in in a string-format chat template's text.
+    placeholder = IMAGE_PLACEHOLDER
 
     def __init__(self, model_id: str, vision: VisionConfig, settings: Settings) -> None:
         self.model_id = model_id

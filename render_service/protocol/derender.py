@@ -6,8 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from render_service.logprobs import GenerateLogProbs
 from render_service.protocol._base import Body
+from render_service.protocol.logprobs import GenerateLogProbs
 
 # Ids are 32-bit in every tokenizer and engine; a larger one is refused at the schema (vLLM would
 # decode it to nothing, but our parser cache digests ids as uint32).

@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from render_service.cli import build_parser
-from render_service.server import GRACEFUL_SHUTDOWN_SECONDS
+from render_service.http.cli import build_parser
+from render_service.http.server import GRACEFUL_SHUTDOWN_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -115,7 +115,7 @@ def test_selectors_and_references_agree() -> None:
 
 
 def test_probes_hit_real_routes_and_the_drain_fits_the_grace_period() -> None:
-    from render_service import app
+    from render_service.http import app
 
     source = Path(app.__file__).read_text()
     deployment = by_kind("Deployment")

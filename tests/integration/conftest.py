@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from render_service.default_model import ensure_default_model
+from render_service.model.default_model import ensure_default_model
 from tests.integration.server import RunningServer, running_server
 
 

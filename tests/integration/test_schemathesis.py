@@ -16,7 +16,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from render_service.openapi import openapi_document
+from render_service.http.openapi import openapi_document
 from tests.integration.server import RunningServer, running_server
 
 FLAGS = [

@@ -1,0 +1,41 @@
+"""The Starlette application for one model: its routes and middleware."""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Route
+
+from render_service.derender import build_derenderer
+from render_service.http import metrics
+from render_service.http.handlers import Service
+from render_service.render import Renderer
+
+
+def build_app(renderer: Renderer) -> Starlette:
+    """The Starlette application for one model."""
+    service = Service(
+        renderer, build_derenderer(renderer.model, renderer.parsing, renderer.settings)
+    )
+    g = service.guarded
+    routes = [
+        Route("/v1/chat/completions/render", g(service.render_chat), methods=["POST"]),
+        Route("/v1/completions/render", g(service.render_completion), methods=["POST"]),
+        Route("/v1/chat/completions/derender", g(service.derender_chat), methods=["POST"]),
+        Route("/v1/completions/derender", g(service.derender_completion), methods=["POST"]),
+        Route("/tokenize", g(service.tokenize), methods=["POST"]),
+        Route("/detokenize", g(service.detokenize), methods=["POST"]),
+        Route("/v1/models", g(service.models), methods=["GET"]),
+        Route("/health", service.health, methods=["GET"]),
+        Route("/version", service.version, methods=["GET"]),
+        Route("/ready", service.ready, methods=["GET"]),
+        Route("/metrics", metrics.metrics_endpoint, methods=["GET"]),
+        Route("/openapi.json", service.openapi, methods=["GET"]),
+    ]
+    metrics.pool_size(max(1, renderer.settings.renderer_num_workers))
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
+    )
+    app.state.service = service
+    return app

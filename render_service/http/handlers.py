@@ -1,0 +1,225 @@
+"""Request handlers: each decodes its body, calls one library function, encodes the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from render_service import __version__
+from render_service.derender import Derenderer
+from render_service.errors import BodyTooLarge, SchemaError
+from render_service.http import lifecycle, metrics
+from render_service.http.auth import ApiKey
+from render_service.http.errors import Handler, guarded
+from render_service.http.limits import Limits
+from render_service.http.openapi import openapi_document
+from render_service.http.responses import MsgspecResponse, PartsResponse, encode_parts
+from render_service.protocol.chat import ChatCompletionRequest
+from render_service.protocol.completions import CompletionRequest
+from render_service.protocol.derender import (
+    DerenderChatRequest,
+    DerenderChatStreamRequest,
+    DerenderCompletionRequest,
+    DerenderCompletionStreamRequest,
+)
+from render_service.protocol.tokenize import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from render_service.render import Renderer
+from render_service.validation import decode_body
+
+T = TypeVar("T")
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_tokenize_chat_decoder = msgspec.json.Decoder(TokenizeChatRequest)
+_tokenize_prompt_decoder = msgspec.json.Decoder(TokenizeCompletionRequest)
+_detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
+_derender_chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
+_derender_chat_stream_decoder = msgspec.json.Decoder(DerenderChatStreamRequest)
+_derender_cmpl_decoder = msgspec.json.Decoder(DerenderCompletionRequest)
+_derender_cmpl_stream_decoder = msgspec.json.Decoder(DerenderCompletionStreamRequest)
+_any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
+
+
+class _StreamFlag(msgspec.Struct):
+    """Just the ``stream`` field, to pick the batch or streaming derender body type."""
+
+    stream: Any = False
+
+
+_stream_flag_decoder = msgspec.json.Decoder(_StreamFlag)
+_OPENAPI = msgspec.json.encode(openapi_document())
+
+
+class Service:
+    """Request handlers bound to one Renderer, one Derenderer and one worker pool."""
+
+    def __init__(self, renderer: Renderer, derenderer: Derenderer) -> None:
+        self.renderer = renderer
+        self.derenderer = derenderer
+        self.settings = renderer.settings
+        self.created = int(time.time())  # /v1/models reports when this server started
+        self.max_body_bytes = self.settings.max_body_bytes
+        self.pool = ThreadPoolExecutor(
+            max_workers=max(1, self.settings.renderer_num_workers), thread_name_prefix="render"
+        )
+        self.limits = Limits.from_settings(self.settings)
+        key = self.settings.api_key
+        self.api_key = ApiKey(key) if key else None
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """The one place CPU work leaves the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, metrics.in_pool(partial(fn, *args, **kwargs)))
+
+    async def body(self, request: Request) -> bytes:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            raise SchemaError(
+                "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+            )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise BodyTooLarge(
+                f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
+            )
+        chunks = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise BodyTooLarge(
+                    f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
+                )
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
+        return data
+
+    def guarded(self, handler: Handler) -> Handler:
+        """``handler`` behind this server's API key and request timeout (http.errors.guarded)."""
+        return guarded(handler, timeout=self.settings.request_timeout, api_key=self.api_key)
+
+    # ---- endpoints ------------------------------------------------------------------------
+
+    async def render_chat(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _chat_decoder)
+        self.limits.check_request(body)
+        # Images are fetched here and processed in the media pool, never in the render pool.
+        multimodal = self.renderer.multimodal
+        media = await multimodal.prepare(body, stream=True) if multimodal is not None else None
+        result = await self.run(
+            self.renderer.render_chat,
+            body,
+            request_id=request.headers.get("x-request-id"),
+            media=media,
+        )
+        metrics.observe_render((result,))
+        if media is None:
+            return MsgspecResponse(result)
+        if media.payloads is not None:
+            return PartsResponse(encode_parts(result, media.payloads))
+        encoded = [i.kwargs_data_base64 for i in media.items if i.kwargs_data_base64 is not None]
+        if len(encoded) < len(media.items):  # mm_payload "none": no tensors to send
+            return MsgspecResponse(result)
+        return PartsResponse(encode_parts(result, encoded))
+
+    async def render_completion(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _completion_decoder)
+        self.limits.check_request(body)
+        result = await self.run(
+            self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
+        )
+        metrics.observe_render(result)
+        return MsgspecResponse(result)
+
+    async def derender_chat(self, request: Request) -> Response:
+        return await self._derender(
+            request,
+            (_derender_chat_decoder, self.derenderer.derender_chat),
+            (_derender_chat_stream_decoder, self.derenderer.derender_chat_stream),
+        )
+
+    async def derender_completion(self, request: Request) -> Response:
+        return await self._derender(
+            request,
+            (_derender_cmpl_decoder, self.derenderer.derender_completion),
+            (_derender_cmpl_stream_decoder, self.derenderer.derender_completion_stream),
+        )
+
+    async def _derender(
+        self,
+        request: Request,
+        batch: tuple[msgspec.json.Decoder[Any], Callable[[Any], Any]],
+        stream: tuple[msgspec.json.Decoder[Any], Callable[[Any], Any]],
+    ) -> Response:
+        """Batch or streaming derender, picked by the body's ``stream`` flag."""
+        data = await self.body(request)
+        decoder, derender = (
+            stream if decode_body(data, _stream_flag_decoder).stream is True else batch
+        )
+        body = decode_body(data, decoder)
+        self.limits.check_request(body)
+        result = await self.run(derender, body)
+        metrics.observe_derender(body, self.derenderer.cache)
+        return MsgspecResponse(result)
+
+    async def tokenize(self, request: Request) -> Response:
+        data = await self.body(request)
+        raw = decode_body(data, _any_decoder)
+        body: TokenizeChatRequest | TokenizeCompletionRequest
+        if isinstance(raw, dict) and "messages" in raw:
+            body = decode_body(data, _tokenize_chat_decoder)
+        else:
+            body = decode_body(data, _tokenize_prompt_decoder)
+        self.limits.check_request(body)
+        multimodal = self.renderer.multimodal
+        media = None
+        if multimodal is not None and isinstance(body, TokenizeChatRequest):
+            media = await multimodal.prepare(body)  # in the media pool, as for render
+        return MsgspecResponse(await self.run(self.renderer.tokenize, body, media))
+
+    async def detokenize(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _detokenize_decoder)
+        return MsgspecResponse(await self.run(self.renderer.detokenize, body))
+
+    async def models(self, request: Request) -> Response:
+        info = self.renderer.model.info
+        card = {
+            "id": info.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vllm",
+            "root": self.settings.model,
+            "parent": None,
+            "max_model_len": info.max_model_len,
+            "permission": [],
+        }
+        return MsgspecResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness, unlike /health (liveness): 503 once a graceful shutdown has begun."""
+        return Response(status_code=503 if lifecycle.draining() else 200)
+
+    async def version(self, request: Request) -> Response:
+        return MsgspecResponse({"version": __version__})
+
+    async def openapi(self, request: Request) -> Response:
+        return Response(_OPENAPI, media_type="application/json")

@@ -1,0 +1,198 @@
+"""Loading one model's tokenizer, chat template and configuration (no weights)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import tokenizers
+
+from render_service.errors import InvalidRequest, ModelNotFound
+
+# config.json keys that bound the context, as vLLM reads them (the smallest wins).
+_CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+# generation_config.json keys that become sampling defaults, under vLLM's names.
+_SAMPLING_KEYS = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What the render path needs to know about a model, as plain data."""
+
+    path: str
+    served_model_name: str
+    model_type: str
+    max_model_len: int
+    sampling_defaults: dict[str, Any]
+    eos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    chat_template: str | None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {}
+
+
+def resolve_model_path(model: str) -> Path:
+    """A local directory, or a hub id found in the local Hugging Face cache (offline)."""
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return local.resolve()
+    from huggingface_hub import snapshot_download
+
+    # The hub client honours HF_HUB_OFFLINE itself: offline it answers from the local cache only.
+    try:
+        return Path(snapshot_download(model))
+    except Exception as exc:  # the hub client raises many types; all mean "not available here"
+        raise FileNotFoundError(
+            f"model {model!r} is neither a directory nor in the hub cache"
+        ) from exc
+
+
+def _max_model_len(config: dict[str, Any]) -> int:
+    text_config = config.get("text_config") or {}
+    values = [
+        v
+        for source in (config, text_config)
+        for key in _CONTEXT_KEYS
+        if isinstance(v := source.get(key), int) and v > 0
+    ]
+    if not values:
+        return 2048
+    length = min(values)
+    scaling = config.get("rope_scaling") or {}
+    if isinstance(scaling, dict) and scaling.get("type", scaling.get("rope_type")) in (
+        "yarn",
+        "dynamic",
+    ):
+        length = int(length * float(scaling.get("factor", 1.0)))
+    return length
+
+
+def _load_chat_template(path: Path, tokenizer_config: dict[str, Any]) -> str | None:
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    template = tokenizer_config.get("chat_template")
+    if template is None:
+        template = _read_json(path / "chat_template.json").get("chat_template")
+    if isinstance(template, list):  # named templates: vLLM uses "default" (or the only one)
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    return template if isinstance(template, str) else None
+
+
+def load_chat_template_arg(value: str) -> str:
+    """``--chat-template``: a file path, or the template itself."""
+    candidate = Path(value).expanduser()
+    if candidate.is_file():
+        return candidate.read_text(encoding="utf-8")
+    if any(c in value for c in "{}\n"):
+        return value
+    raise FileNotFoundError(f"--chat-template {value!r} is neither a file nor a template")
+
+
+def _as_ids(value: Any) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(v for v in value if isinstance(v, int))
+    return ()
+
+
+@dataclass(frozen=True)
+class Model:
+    """A loaded model: its HF tokenizer, the fast backend, and plain facts."""
+
+    info: ModelInfo
+    hf_tokenizer: Any
+    backend: tokenizers.Tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.backend.get_vocab_size(with_added_tokens=True))
+
+    def added_tokens(self) -> dict[str, int]:
+        return {
+            tok.content: tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items()
+        }
+
+    def special_ids(self) -> frozenset[int]:
+        return frozenset(self.hf_tokenizer.all_special_ids) | frozenset(
+            tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items() if tok.special
+        )
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return str(self.backend.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def check_name(self, name: str | None) -> None:
+        """ModelNotFound (404) unless ``name`` is absent or the served model name."""
+        served = self.info.served_model_name
+        if name is not None and name != served:
+            raise ModelNotFound(
+                f"The model `{name}` does not exist. Valid aliases: {served}.", "model"
+            )
+
+
+def load_model(
+    model: str,
+    *,
+    served_model_name: str | None = None,
+    max_model_len: int | None = None,
+    chat_template: str | None = None,
+) -> Model:
+    """Load a model directory (or an offline hub id) the way vLLM's render server does."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(model)
+    config = _read_json(path / "config.json")
+    tokenizer_config = _read_json(path / "tokenizer_config.json")
+    generation = _read_json(path / "generation_config.json")
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    derived_len = _max_model_len(config)
+    if max_model_len is not None and max_model_len > derived_len:
+        raise InvalidRequest(
+            f"--max-model-len {max_model_len} is larger than the model's context length {derived_len}"
+        )
+    template = (
+        chat_template if chat_template is not None else _load_chat_template(path, tokenizer_config)
+    )
+    eos_ids = _as_ids(generation.get("eos_token_id")) or _as_ids(config.get("eos_token_id"))
+    info = ModelInfo(
+        path=str(path),
+        served_model_name=served_model_name or model,
+        model_type=str(config.get("model_type", "")),
+        max_model_len=max_model_len or derived_len,
+        sampling_defaults={
+            ours: generation[theirs_key]
+            for theirs_key, ours in _SAMPLING_KEYS.items()
+            if generation.get(theirs_key) is not None
+        },
+        eos_token_id=hf_tokenizer.eos_token_id,
+        eos_token_ids=eos_ids,
+        bos_token_id=hf_tokenizer.bos_token_id,
+        chat_template=template,
+    )
+    return Model(info=info, hf_tokenizer=hf_tokenizer, backend=hf_tokenizer.backend_tokenizer)

@@ -1,0 +1,252 @@
+"""Chat templates: turning OpenAI messages into the prompt text, exactly as vLLM 0.33 does.
+
+Templates run in transformers' Jinja2 sandbox (``apply_chat_template(tokenize=False)``), so a
+template sees the same variables and filters it sees under vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any, Literal
+
+import jinja2
+import jinja2.meta
+import jinja2.nodes
+import jinja2.sandbox
+
+from render_service.errors import InvalidRequest
+from render_service.model.sandbox import TemplateSandbox
+from render_service.protocol.chat import ChatCompletionRequest
+from render_service.protocol.tokenize import TokenizeChatRequest
+from render_service.settings import Settings
+
+ContentFormat = Literal["string", "openai"]
+
+# vLLM always merges its Cohere-only ``--cohere-format`` default into chat_template_kwargs.
+_VLLM_DEFAULT_TEMPLATE_KWARGS = {"cohere_format": "cmd4"}
+
+# Parameters of apply_chat_template that always reach the template, whatever it references.
+_ALWAYS_PASSED = frozenset(
+    {"add_generation_prompt", "continue_final_message", "documents", "tools"}
+)
+
+
+@lru_cache(maxsize=32)
+def _parse(template: str) -> jinja2.nodes.Template:
+    return jinja2.sandbox.ImmutableSandboxedEnvironment(
+        extensions=["jinja2.ext.loopcontrols"]
+    ).parse(template.replace("{% generation %}", "").replace("{% endgeneration %}", ""))
+
+
+def _iterates_content(node: jinja2.nodes.Node) -> bool:
+    target = node.iter if isinstance(node, jinja2.nodes.For) else None
+    if isinstance(target, jinja2.nodes.Getattr):
+        return target.attr == "content"
+    if isinstance(target, jinja2.nodes.Getitem):
+        return isinstance(target.arg, jinja2.nodes.Const) and target.arg.value == "content"
+    return False
+
+
+@lru_cache(maxsize=32)
+def detect_content_format(template: str) -> ContentFormat:
+    """'openai' when the template loops over a message's content parts, else 'string'."""
+    try:
+        ast = _parse(template)
+    except jinja2.TemplateSyntaxError:
+        return "string"
+    return (
+        "openai" if any(_iterates_content(n) for n in ast.find_all(jinja2.nodes.For)) else "string"
+    )
+
+
+@lru_cache(maxsize=32)
+def template_variables(template: str) -> frozenset[str]:
+    """Names the template reads from its context (kwargs it does not read are dropped)."""
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(_parse(template)))
+    except jinja2.TemplateSyntaxError:
+        return frozenset()
+
+
+@lru_cache(maxsize=32)
+def supports_developer_role(template: str) -> bool:
+    return "developer" in template
+
+
+def _content_text_parts(content: list[Any], path: str, images: bool = False) -> list[str | None]:
+    """Texts of the parts, None for an image part (only when ``images``; else they refuse)."""
+    texts: list[str | None] = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise InvalidRequest(f"Invalid content part at {path}.{i}", f"{path}.{i}")
+        kind = part.get("type")
+        if kind in ("text", "input_text", "refusal") or (kind is None and "text" in part):
+            text = part.get("text", part.get("refusal"))
+            if not isinstance(text, str):
+                raise InvalidRequest(f"Content part {path}.{i} has no text", f"{path}.{i}")
+            texts.append(text)
+        elif images and kind == "image_url":
+            texts.append(None)
+        elif kind in ("image_url", "input_image", "image", "image_pil", "image_embeds"):
+            raise MultimodalContent(path)
+        else:
+            raise InvalidRequest(f"Unknown part type: {kind}", f"{path}.{i}")
+    return texts
+
+
+class MultimodalContent(InvalidRequest):
+    """A message carries media; the render path for text-only models refuses it."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__("image content in a text-only render path", path)
+
+
+def build_conversation(
+    messages: list[dict[str, Any]],
+    content_format: ContentFormat,
+    developer_ok: bool,
+    image_placeholder: str | None = None,
+) -> list[dict[str, Any]]:
+    """OpenAI messages -> the ``messages`` a chat template receives (vLLM's conversation).
+
+    With ``image_placeholder`` (a multimodal model), image parts stay in the conversation:
+    as ``{"type": "image"}`` parts, or as the placeholder text before the message's text.
+    """
+    conversation = []
+    for index, message in enumerate(messages):
+        role = message.get("role")
+        out: dict[str, Any] = {
+            "role": "system" if role == "developer" and not developer_ok else role
+        }
+        content = message.get("content")
+        if content is None:  # vLLM reads a missing content as an empty list of parts
+            content = []
+        if isinstance(content, list):
+            parts = _content_text_parts(
+                content, f"messages.{index}.content", image_placeholder is not None
+            )
+            texts = [t for t in parts if t is not None]
+            if content_format == "openai":
+                out["content"] = [
+                    {"type": "image"} if t is None else {"type": "text", "text": t} for t in parts
+                ]
+            elif len(texts) < len(parts):
+                images = [str(image_placeholder)] * (len(parts) - len(texts))
+                out["content"] = "\n".join([*images, "\n".join(texts)])
+            else:
+                out["content"] = "\n".join(texts)
+        else:
+            out["content"] = content
+        for key, value in message.items():
+            if key in ("role", "content"):
+                continue
+            if key == "reasoning_content":
+                key = "reasoning"
+            if key == "tool_calls" and isinstance(value, list):
+                value = [_template_tool_call(call) for call in value]
+            if value is not None:
+                out[key] = value
+        if role == "assistant" and "reasoning" in out:
+            out.setdefault("reasoning_content", out["reasoning"])
+        conversation.append(out)
+    return conversation
+
+
+def _template_tool_call(call: Any) -> Any:
+    """Templates expect parsed arguments; OpenAI sends them as a JSON string."""
+    if not isinstance(call, dict):
+        return call
+    function = call.get("function")
+    if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            return call
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call
+
+
+def filter_template_kwargs(template: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keep the kwargs the template references, as vLLM's resolve_chat_template_kwargs does."""
+    used = template_variables(template)
+    return {k: v for k, v in kwargs.items() if k in used or k in _ALWAYS_PASSED}
+
+
+def apply_template(
+    hf_tokenizer: Any,
+    template: str,
+    conversation: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+    sandbox: TemplateSandbox | None = None,
+) -> str:
+    """Render the prompt text; template errors become 400s with the template's message.
+
+    With a ``sandbox`` (for per-request templates) the render runs in a killable child process.
+    """
+    if "chat_template" in kwargs or "tokenize" in kwargs:
+        raise InvalidRequest("chat_template_kwargs must not set 'chat_template' or 'tokenize'")
+    call_kwargs = filter_template_kwargs(template, kwargs)
+    if sandbox is not None:
+        if call_kwargs.get("continue_final_message") and call_kwargs.get("add_generation_prompt"):
+            raise InvalidRequest(
+                "continue_final_message and add_generation_prompt are not compatible."
+            )
+        special = dict(hf_tokenizer.special_tokens_map)
+        return sandbox.render(template, conversation, tools, {**special, **call_kwargs})
+    try:
+        rendered = hf_tokenizer.apply_chat_template(
+            conversation=conversation,
+            tools=tools,
+            chat_template=template,
+            tokenize=False,
+            return_dict=False,
+            **call_kwargs,
+        )
+    except jinja2.TemplateError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise InvalidRequest(f"chat template failed: {exc}") from exc
+    return str(rendered)
+
+
+def template_kwargs(
+    request: ChatCompletionRequest | TokenizeChatRequest, settings: Settings
+) -> dict[str, Any]:
+    """vLLM's chat_template_kwargs: server defaults < request kwargs < top-level request fields."""
+    if isinstance(request, ChatCompletionRequest):
+        effort = request.reasoning_effort
+        effort_map = settings.reasoning_effort_map or {}
+        if effort is not None and effort in effort_map:
+            effort = effort_map[effort]
+    else:
+        effort = None
+    user_kwargs = dict(request.chat_template_kwargs or {})
+    if "chat_template" in user_kwargs and not settings.trust_request_chat_template:
+        raise untrusted_template()
+    merged: dict[str, Any] = {
+        **_VLLM_DEFAULT_TEMPLATE_KWARGS,
+        **(settings.default_chat_template_kwargs or {}),
+    }
+    merged.update(user_kwargs)
+    merged["add_generation_prompt"] = request.add_generation_prompt
+    merged["continue_final_message"] = request.continue_final_message
+    if request.documents is not None:
+        merged["documents"] = request.documents
+    if effort is not None:
+        merged["reasoning_effort"] = effort
+        if "enable_thinking" not in user_kwargs:
+            merged["enable_thinking"] = effort != "none"
+    return merged
+
+
+def untrusted_template() -> InvalidRequest:
+    """A request brings its own chat template to a server that does not allow it."""
+    return InvalidRequest(
+        "Chat template is passed with request, but --trust-request-chat-template is not set. "
+        "Refused request with untrusted chat template."
+    )

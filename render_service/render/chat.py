@@ -1,0 +1,252 @@
+"""Chat requests -> GenerateRequest: checks, the chat template, tokenization, parser hints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from render_service.errors import InvalidRequest, invalid_param
+from render_service.model import templating
+from render_service.model.parser_setup import RenderHints, named_tool, resolve_tool_choice
+from render_service.protocol.chat import ChatCompletionRequest
+from render_service.protocol.generate import GenerateRequest, ParseContext, ReasoningParserKwargs
+from render_service.protocol.tokenize import TokenizeChatRequest
+from render_service.render.prompt import Prompt
+from render_service.render.request_checks import base_request_id, check_chat_request
+from render_service.render.sampling import request_sampling_params, structured_outputs
+from render_service.validation import convert
+
+if TYPE_CHECKING:
+    from render_service.multimodal import MediaBatch
+    from render_service.render.renderer import Renderer
+
+
+def render_chat(
+    renderer: Renderer,
+    request: ChatCompletionRequest | dict[str, Any],
+    *,
+    request_id: str | None = None,
+    media: MediaBatch | None = None,
+) -> GenerateRequest:
+    """Render a chat request to the GenerateRequest vLLM's render endpoint returns."""
+    if isinstance(request, dict):
+        request = convert(request, ChatCompletionRequest, "body")
+    renderer.model.check_name(request.model)
+    if request.use_beam_search:
+        raise InvalidRequest("Beam search is not supported by the render endpoint")
+    check_chat_request(request)
+    tool_choice = resolve_tool_choice(request)
+    _check_tool_choice_gate(renderer, tool_choice)
+    tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
+    tools = [_tool_dump(t) for t in tools] if tools else None
+    kwargs = templating.template_kwargs(request, renderer.settings)
+    reused = _reused_prompt_ids(request.kv_transfer_params)
+    if reused is not None:
+        prompt = Prompt(reused)
+    else:
+        template_tools = tools
+        if tool_choice == "none" and renderer.settings.exclude_tools_when_tool_choice_none:
+            template_tools = None
+        prompt = render_messages(renderer, request, template_tools, kwargs, media)
+    ids = prompt.token_ids
+    if not ids:
+        raise InvalidRequest("No token_ids rendered")
+    max_tokens = renderer.prompts.max_tokens(
+        request.max_completion_tokens
+        if request.max_completion_tokens is not None
+        else request.max_tokens,
+        len(ids),
+        "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens",
+    )
+    parse_context = ParseContext(
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=request.parallel_tool_calls,
+        include_reasoning=request.include_reasoning,
+        chat_template_kwargs=kwargs,
+        history_tool_call_cnt=_history_tool_calls(request.messages),
+    )
+    parsing = renderer.parsing
+    hints = parsing.render_hints(parse_context, ids) if parsing else RenderHints()
+    structured = structured_outputs(request.structured_outputs, request.response_format)
+    if hints.structural_tag is not None:
+        structured = structured_outputs({"structural_tag": hints.structural_tag}, None)
+    skip_special = request.skip_special_tokens if request.skip_special_tokens is not None else True
+    if hints.skip_special_tokens is not None:
+        skip_special = hints.skip_special_tokens
+    logprobs = (
+        request.top_logprobs if request.logprobs and request.logprob_token_ids is None else None
+    )
+    sampling = request_sampling_params(
+        request,
+        renderer.model.info.sampling_defaults,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        prompt_logprobs=request.prompt_logprobs,
+        skip_special_tokens=skip_special,
+        structured=structured,
+    )
+    reasoning_ended = hints.reasoning_ended
+    if not request.include_reasoning:
+        reasoning_ended = True
+    base_id = base_request_id(request_id, request.request_id)
+    kv_params = (
+        _without_prompt_ids(request.kv_transfer_params)
+        if reused is not None
+        else request.kv_transfer_params
+    )
+    return GenerateRequest(
+        request_id=f"chatcmpl-{base_id}",
+        token_ids=ids,
+        token_offsets=prompt.offsets,
+        features=prompt.features,
+        sampling_params=sampling,
+        model=request.model,
+        reasoning_ended=reasoning_ended,
+        reasoning_parser_kwargs=(
+            ReasoningParserKwargs(chat_template_kwargs=kwargs)
+            if parsing is not None and parsing.has_reasoning
+            else None
+        ),
+        return_token_ids=request.return_token_ids,
+        parse_context=parse_context,
+        stream=bool(request.stream),
+        stream_options=(
+            msgspec.to_builtins(request.stream_options)
+            if request.stream and request.stream_options is not None
+            else None
+        ),
+        cache_salt=request.cache_salt,
+        priority=request.priority,
+        kv_transfer_params=kv_params,
+        ec_transfer_params=request.ec_transfer_params,
+    )
+
+
+def render_messages(
+    renderer: Renderer,
+    request: ChatCompletionRequest | TokenizeChatRequest,
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+    media: MediaBatch | None = None,
+) -> Prompt:
+    """The chat's prompt: messages through the chat template, tokenized, images expanded.
+
+    ``media`` is the request's images already processed (``renderer.multimodal.prepare``);
+    without it, images are fetched and processed here, blocking.
+    """
+    template = _template(renderer, request.chat_template, kwargs)
+    template_kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
+    if not request.messages:
+        raise InvalidRequest(
+            "Cannot apply chat template to an empty conversation. Provide at least one message."
+        )
+    settings = renderer.settings
+    content_format = renderer.content_format
+    if request.chat_template is not None and settings.chat_template_content_format == "auto":
+        content_format = templating.detect_content_format(template)
+    multimodal = renderer.multimodal
+    try:
+        conversation = templating.build_conversation(
+            request.messages,
+            content_format,
+            templating.supports_developer_role(template),
+            multimodal.placeholder if multimodal is not None else None,
+        )
+    except templating.MultimodalContent as exc:
+        raise InvalidRequest(f"{renderer.model_name} is not a multimodal model") from exc
+    untrusted = request.chat_template is not None or "chat_template" in kwargs
+    text = templating.apply_template(
+        renderer.model.hf_tokenizer,
+        template,
+        conversation,
+        tools,
+        template_kwargs,
+        sandbox=renderer.template_sandbox if untrusted else None,
+    )
+    truncate = getattr(request, "truncate_prompt_tokens", None)
+    side = getattr(request, "truncation_side", None)
+    want_offsets = bool(getattr(request, "return_token_offsets", False))
+    if multimodal is not None and media is None:
+        media = multimodal.prepare_blocking(request)
+    encode = renderer.prompts.encode
+    if media is None:
+        return encode(text, request.add_special_tokens, truncate, side, want_offsets)
+    prompt = encode(text, request.add_special_tokens, truncate, side, False)
+    ids, features = media.expand(prompt.token_ids)
+    renderer.prompts.check_length(len(ids))
+    return Prompt(ids, None, features)
+
+
+def _check_tool_choice_gate(renderer: Renderer, tool_choice: str | dict[str, Any]) -> None:
+    if renderer.parsing is not None and renderer.parsing.has_tools:
+        return
+    if tool_choice == "auto":
+        raise InvalidRequest(
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
+        )
+    if tool_choice == "required":
+        raise InvalidRequest('tool_choice="required" requires --tool-call-parser to be set')
+    name = named_tool(tool_choice)
+    if name is not None:
+        raise InvalidRequest(f'tool_choice=function "{name}" requires --tool-call-parser to be set')
+
+
+def _template(renderer: Renderer, request_template: str | None, kwargs: dict[str, Any]) -> str:
+    if request_template is not None or "chat_template" in kwargs:
+        if not renderer.settings.trust_request_chat_template:
+            raise templating.untrusted_template()
+        template = request_template or kwargs["chat_template"]
+    else:
+        template = renderer.model.info.chat_template
+    if template is None:
+        raise InvalidRequest(
+            "As of transformers v4.44, default chat template is no longer allowed, so you must provide "
+            "a chat template if the tokenizer does not define one."
+        )
+    return str(template)
+
+
+def _tool_dump(tool: dict[str, Any]) -> dict[str, Any]:
+    """ChatCompletionToolsParam.model_dump(): description/parameters always present, strict only if given."""
+    function = tool["function"]
+    dumped = {
+        "name": function["name"],
+        "description": function.get("description"),
+        "parameters": function.get("parameters"),
+    }
+    if "strict" in function:
+        dumped["strict"] = function["strict"]
+    return {"type": tool.get("type", "function"), "function": dumped}
+
+
+def _history_tool_calls(messages: list[dict[str, Any]]) -> int:
+    return sum(
+        len(m["tool_calls"])
+        for m in messages
+        if m.get("role") == "assistant" and isinstance(m.get("tool_calls"), list)
+    )
+
+
+def _reused_prompt_ids(kv_params: dict[str, Any] | None) -> list[int] | None:
+    """Decode-side reuse: a P/D connector hands back the prefill's prompt ids."""
+    if not kv_params or "prompt_token_ids" not in kv_params:
+        return None
+    ids = kv_params["prompt_token_ids"]
+    if (
+        not isinstance(ids, list)
+        or not ids
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+    ):
+        raise invalid_param(
+            "`kv_transfer_params['prompt_token_ids']` must be a non-empty list of non-negative integers.",
+            "kv_transfer_params.prompt_token_ids",
+        )
+    return list(ids)
+
+
+def _without_prompt_ids(kv_params: dict[str, Any] | None) -> dict[str, Any] | None:
+    if kv_params is None:
+        return None
+    return {k: v for k, v in kv_params.items() if k != "prompt_token_ids"}

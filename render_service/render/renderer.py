@@ -1,0 +1,136 @@
+"""``Renderer``: one model's render path (chat, completions, tokenize, detokenize) as a library.
+
+Everything here is synchronous and free of HTTP; the app runs it on a worker pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from render_service.errors import InvalidRequest
+from render_service.model import templating
+from render_service.model.loading import Model, load_chat_template_arg, load_model
+from render_service.model.parser_setup import ParsingSetup
+from render_service.model.sandbox import TemplateSandbox
+from render_service.multimodal import MediaBatch, MediaPipeline
+from render_service.protocol.chat import ChatCompletionRequest
+from render_service.protocol.completions import CompletionRequest
+from render_service.protocol.generate import GenerateRequest
+from render_service.protocol.tokenize import (
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from render_service.render import chat, completion
+from render_service.render.prompt import PromptEncoder
+from render_service.render.request_checks import check_messages
+from render_service.settings import Settings
+
+
+class Renderer:
+    """Renders requests for one model exactly as vLLM 0.33's render server does."""
+
+    def __init__(self, model: Model, settings: Settings) -> None:
+        self.model = model
+        self.settings = settings
+        self.parsing = ParsingSetup.create(model, settings)
+        self.prompts = PromptEncoder(model, settings)
+        self.multimodal = MediaPipeline.for_model(model.info.path, settings.model, settings)
+        template = model.info.chat_template
+        self.content_format = (
+            settings.chat_template_content_format
+            if settings.chat_template_content_format != "auto"
+            else templating.detect_content_format(template or "")
+        )
+        # Per-request templates render in killable child processes (started on first use).
+        self.template_sandbox = (
+            TemplateSandbox(
+                workers=settings.renderer_num_workers,
+                timeout=settings.template_timeout,
+                max_output_chars=settings.max_template_output_chars,
+                memory_bytes=settings.template_memory_bytes,
+            )
+            if settings.trust_request_chat_template
+            else None
+        )
+
+    @classmethod
+    def from_pretrained(cls, model: str, **flags: Any) -> Renderer:
+        """Load ``model`` (a directory or an offline hub id); flags are Settings fields."""
+        settings = Settings(model=model, **flags)
+        return cls.from_settings(settings)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Renderer:
+        template = (
+            load_chat_template_arg(settings.chat_template) if settings.chat_template else None
+        )
+        loaded = load_model(
+            settings.model,
+            served_model_name=settings.model_name,
+            max_model_len=settings.max_model_len,
+            chat_template=template,
+        )
+        return cls(loaded, settings)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.info.served_model_name
+
+    def render_chat(
+        self,
+        request: ChatCompletionRequest | dict[str, Any],
+        *,
+        request_id: str | None = None,
+        media: MediaBatch | None = None,
+    ) -> GenerateRequest:
+        """Render a chat request to the GenerateRequest vLLM's render endpoint returns.
+
+        ``media`` is the request's images already processed (``self.multimodal.prepare``);
+        without it, images are fetched and processed here, blocking.
+        """
+        return chat.render_chat(self, request, request_id=request_id, media=media)
+
+    def render_completion(
+        self, request: CompletionRequest | dict[str, Any], *, request_id: str | None = None
+    ) -> list[GenerateRequest]:
+        """Render a completion request: one GenerateRequest per prompt."""
+        return completion.render_completion(self, request, request_id=request_id)
+
+    def tokenize(
+        self,
+        request: TokenizeChatRequest | TokenizeCompletionRequest,
+        media: MediaBatch | None = None,
+    ) -> dict[str, Any]:
+        """``media``: the chat's images already processed, as for ``render_chat``."""
+        self.model.check_name(request.model)
+        if isinstance(request, TokenizeChatRequest):
+            if request.continue_final_message and request.add_generation_prompt:
+                raise InvalidRequest(
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+            check_messages(request.messages)
+            kwargs = templating.template_kwargs(request, self.settings)
+            prompt = chat.render_messages(self, request, request.tools, kwargs, media)
+        else:
+            prompt = self.prompts.encode(
+                request.prompt, request.add_special_tokens, None, None, False
+            )
+        ids = prompt.token_ids
+        strs = (
+            self.model.hf_tokenizer.convert_ids_to_tokens(ids)
+            if request.return_token_strs
+            else None
+        )
+        return {
+            "count": len(ids),
+            "max_model_len": self.model.info.max_model_len,
+            "tokens": ids,
+            "token_strs": strs,
+        }
+
+    def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        self.model.check_name(request.model)
+        vocab = self.model.vocab_size
+        ids = [t for t in request.tokens if t < vocab]
+        return {"prompt": self.model.decode(ids, skip_special_tokens=False)}

@@ -1,0 +1,268 @@
+"""Derender answers equal vLLM 0.33.0's for the golden corpus, batch and every stored chunking.
+
+Streaming is compared chunk by chunk: role, content, reasoning, finish_reason, stop_reason,
+logprobs, token_ids and usage of every chunk. Tool-call deltas are compared by what they add up
+to per call (name, arguments): we stream arguments as the model wrote them, so where vLLM's
+hermes parser re-cuts them differently the fragments differ but never the result
+(docs/compat.md). Ids and timestamps are ignored. Where vLLM is chunking-dependent or wrong, the
+case sits in DIVERGENCES with the reason and we assert our answer equals vLLM's answer for the
+named reference (another chunking or the batch response).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from render_service.http.app import build_app
+from render_service.http.cli import parse_settings
+from render_service.render import Renderer
+from tests.golden import case_params, load_case, needs_shared, server_argv
+
+pytestmark = needs_shared
+
+DIRECTORIES = [
+    "qwen3",
+    "qwen3-noparser",
+    "qwen2.5-instruct",
+    "deepseek-r1-distill-qwen",
+    "llama-3.1-instruct",
+]
+
+PLAIN_LOOKALIKE = (
+    "a <tool_call> typed as plain text is content (matched by token id); vLLM streaming cuts there"
+)
+MALFORMED = "malformed tool JSON streams as written whatever the chunking (vLLM: chunking-dependent; batch: content)"
+UNCLOSED = "a call cut by max_tokens stays a call with partial arguments, as streamed (vLLM batch: markup as content)"
+WS_BEFORE_CALL = "text between </think> and <tool_call> is content as streamed; vLLM batch drops it"
+DUPLICATE_END = (
+    "a second </think> is dropped for every chunking (vLLM keeps it unless batch or whole)"
+)
+REPEATED_OPEN = "a repeated <think> at the start is absorbed for every chunking (vLLM keeps it only for random_1_5)"
+THINK_IN_ANSWER = (
+    "a <think> token after </think> is answer text (vLLM's whole chunking and batch drop text)"
+)
+
+LLAMA_WHOLE = (
+    "a llama3_json call arriving in one chunk is a call (vLLM's whole chunking emits none)"
+)
+LLAMA_NOT_A_CALL = (
+    "a JSON object that is not a call is content for any chunking (vLLM streaming drops it)"
+)
+LLAMA_BARE_ARGS = "bare arguments under a named tool choice are content (vLLM streaming drops them)"
+
+# (directory, case, mode) -> (reference, reason). mode is a chunking name or "batch";
+# reference is "batch" or "stream:<chunking>": our answer must equal vLLM's answer there.
+DIVERGENCES: dict[tuple[str, str, str], tuple[str, str]] = {
+    ("qwen2.5-instruct", "literal_tool_call_in_prose", "one_token"): ("batch", PLAIN_LOOKALIKE),
+    ("qwen2.5-instruct", "literal_tool_call_in_prose", "random_1_5"): ("batch", PLAIN_LOOKALIKE),
+    ("qwen2.5-instruct", "literal_tool_call_in_prose", "whole"): ("batch", PLAIN_LOOKALIKE),
+    ("qwen2.5-instruct", "tool_call_malformed_json", "random_1_5"): ("stream:one_token", MALFORMED),
+    ("qwen2.5-instruct", "tool_call_malformed_json", "whole"): ("stream:one_token", MALFORMED),
+    ("qwen2.5-instruct", "tool_call_malformed_json", "batch"): ("stream:one_token", MALFORMED),
+    ("qwen2.5-instruct", "tool_call_truncated_length", "batch"): ("stream:whole", UNCLOSED),
+    ("qwen3", "tool_call_truncated_length", "batch"): ("stream:whole", UNCLOSED),
+    ("qwen3", "history_then_tool_call", "batch"): ("stream:whole", WS_BEFORE_CALL),
+    ("qwen3", "parallel_false_two_calls", "batch"): ("stream:whole", WS_BEFORE_CALL),
+    ("qwen3", "return_token_ids_tool", "batch"): ("stream:whole", WS_BEFORE_CALL),
+    ("qwen3", "tool_call_unicode_nested", "batch"): ("stream:whole", WS_BEFORE_CALL),
+    ("qwen3", "tool_choice_named", "batch"): ("stream:whole", WS_BEFORE_CALL),
+    ("qwen3", "duplicate_end_think", "one_token"): ("stream:whole", DUPLICATE_END),
+    ("qwen3", "duplicate_end_think", "random_1_5"): ("stream:whole", DUPLICATE_END),
+    ("deepseek-r1-distill-qwen", "explicit_think_open", "random_1_5"): (
+        "stream:one_token",
+        REPEATED_OPEN,
+    ),
+    ("deepseek-r1-distill-qwen", "think_tag_in_answer", "whole"): (
+        "stream:one_token",
+        THINK_IN_ANSWER,
+    ),
+    **{
+        ("llama-3.1-instruct", case, "whole"): ("stream:one_token", LLAMA_WHOLE)
+        for case in (
+            "parallel_false_two_calls",
+            "tool_call_arguments_key",
+            "tool_call_python_tag",
+            "tool_choice_named",
+            "tool_choice_required",
+            "two_calls_semicolon",
+        )
+    },
+    **{
+        ("llama-3.1-instruct", case, chunking): ("batch", reason)
+        for case, reason in (
+            ("json_answer_not_a_call", LLAMA_NOT_A_CALL),
+            ("tool_choice_named_raw_args", LLAMA_BARE_ARGS),
+        )
+        for chunking in ("one_token", "random_1_5", "whole")
+    },
+    ("deepseek-r1-distill-qwen", "think_tag_in_answer", "batch"): (
+        "stream:one_token",
+        THINK_IN_ANSWER,
+    ),
+}
+
+
+@cache
+def client_for(argv: tuple[str, ...]) -> TestClient:
+    return TestClient(build_app(Renderer.from_settings(parse_settings(list(argv)))))
+
+
+def post(case: dict[str, Any], path: str, body: dict[str, Any]) -> Any:
+    client = client_for(tuple(server_argv(case)))
+    content = json.dumps(body, ensure_ascii=False).encode()
+    return client.post(path, content=content, headers={"Content-Type": "application/json"})
+
+
+def message_final(message: dict[str, Any]) -> dict[str, Any]:
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
+    ]
+    return {
+        "reasoning": message.get("reasoning"),
+        "content": message.get("content"),
+        "tool_calls": calls,
+    }
+
+
+def stream_final(final: dict[str, Any]) -> dict[str, Any]:
+    calls = [(c["name"], c["arguments"]) for c in final.get("tool_calls") or []]
+    return {
+        "reasoning": final.get("reasoning"),
+        "content": final.get("content"),
+        "tool_calls": calls,
+    }
+
+
+def accumulate(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The client-side accumulation the golden README describes for `final`."""
+    reasoning: list[str] = []
+    content: list[str] = []
+    calls: dict[int, list[str]] = {}
+    names: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.get("choices") or []:
+            delta = choice["delta"]
+            if delta.get("reasoning") is not None:
+                reasoning.append(delta["reasoning"])
+            if delta.get("content") is not None:
+                content.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                if function.get("name"):
+                    names[call["index"]] = names.get(call["index"], "") + function["name"]
+                calls.setdefault(call["index"], []).append(function.get("arguments") or "")
+    return {
+        "reasoning": "".join(reasoning) if reasoning else None,
+        "content": "".join(content) if content else None,
+        "tool_calls": [(names.get(i, ""), "".join(calls[i])) for i in sorted(calls)],
+    }
+
+
+def reference_final(case: dict[str, Any], reference: str) -> dict[str, Any]:
+    if reference == "batch":
+        return message_final(case["response"]["choices"][0]["message"])
+    return stream_final(case["stream"]["chunkings"][reference.removeprefix("stream:")]["final"])
+
+
+def without_ids(calls: Any) -> Any:
+    if not calls:
+        return calls
+    return [{k: v for k, v in c.items() if k != "id"} for c in calls]
+
+
+def comparable_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    out = dict(choice)
+    message = dict(out["message"])
+    message["tool_calls"] = without_ids(message.get("tool_calls"))
+    out["message"] = message
+    return out
+
+
+@pytest.mark.parametrize(("directory", "path"), case_params(DIRECTORIES, "derender"))
+def test_batch_derender_matches_vllm(directory: str, path: Path) -> None:
+    case = load_case(path)
+    response = post(case, case["path"], case["request"])
+    assert response.status_code == case["status"], response.text
+    got = response.json()
+    expected = case["response"]
+    if case["status"] != 200:
+        assert got["error"]["type"] == expected["error"]["type"]
+        return
+    got.pop("created")
+    expected = {k: v for k, v in expected.items() if k != "created"}
+    if case.get("kind") == "completion":
+        assert got == expected
+        return
+    divergence = DIVERGENCES.get((directory, case["name"], "batch"))
+    if divergence is not None:
+        assert message_final(got["choices"][0]["message"]) == reference_final(
+            case, divergence[0]
+        ), divergence[1]
+        return
+    got["choices"] = [comparable_choice(c) for c in got["choices"]]
+    expected["choices"] = [comparable_choice(c) for c in expected["choices"]]
+    assert got == expected
+
+
+def stream_cases() -> list[Any]:
+    params = []
+    for param in case_params(DIRECTORIES, "derender"):
+        directory, path = param.values
+        case = load_case(path)
+        for chunking in (case.get("stream") or {}).get("chunkings", {}):
+            params.append(
+                pytest.param(directory, path, chunking, id=f"{directory}/{path.stem}/{chunking}")
+            )
+    return params
+
+
+def comparable_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in chunk.items() if k != "created"}
+    choices = []
+    for choice in out.get("choices") or []:
+        choice = dict(choice)
+        if "delta" in choice:
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if k != "tool_calls"}
+        choices.append(choice)
+    out["choices"] = choices
+    return out
+
+
+@pytest.mark.parametrize(("directory", "path", "chunking"), stream_cases())
+def test_streaming_derender_matches_vllm_chunk_by_chunk(
+    directory: str, path: Path, chunking: str
+) -> None:
+    case = load_case(path)
+    stream = case["stream"]
+    calls = stream["chunkings"][chunking]["calls"]
+    state: Any = None
+    chunks: list[dict[str, Any]] = []
+    divergence = DIVERGENCES.get((directory, case["name"], chunking))
+    for call in calls:
+        body = {
+            **stream["request_base"],
+            "generate_chunk": call["generate_chunk"],
+            "stream_state": state,
+        }
+        response = post(case, stream["path"], body)
+        assert response.status_code == call["status"], response.text
+        if call["status"] != 200:
+            assert response.json()["error"]["type"] == call["response"]["error"]["type"]
+            return
+        payload = response.json()
+        state = payload["stream_state"]
+        chunks.append(payload["chunk"])
+        if divergence is None:
+            assert comparable_chunk(payload["chunk"]) == comparable_chunk(call["chunk"])
+    if case.get("kind") == "completion":
+        return
+    if divergence is not None:
+        assert accumulate(chunks) == reference_final(case, divergence[0]), divergence[1]
+    else:
+        assert accumulate(chunks) == stream_final(stream["chunkings"][chunking]["final"])
