@@ -6,7 +6,7 @@ Pure Python, no I/O; never imports `render_service`. Build a `ChatParser` with
 
 from __future__ import annotations
 
-from parsers.chat import ChatParser, ChatState
+from parsers.chat import ChatParser, ChatState, build_chat_parser
 from parsers.detokenizer import Detokenizer, DetokState
 from parsers.errors import ParserConfigError, UnknownParserError, UnsupportedModelError
 from parsers.events import (
@@ -20,7 +20,7 @@ from parsers.events import (
 from parsers.facts import TokenizerFacts
 from parsers.ids import tool_call_id
 from parsers.logprob_text import logprob_context, logprob_token_text
-from parsers.registry import build_chat_parser, known_reasoning_parsers, known_tool_parsers
+from parsers.registry import known_reasoning_parsers, known_tool_parsers
 from parsers.request import ParseRequest
 from parsers.structural_tag import RenderAdjustments
 

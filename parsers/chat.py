@@ -1,20 +1,27 @@
-"""`ChatParser`: reasoning phase, then answer and tool calls, as a value-in value-out machine."""
+"""`ChatParser`: reasoning phase, then answer and tool calls, as a value-in value-out machine.
+
+The machine knows no family: it routes marker tokens and text to the configured
+`ReasoningFamily` and `ToolFamily` through their hooks, or hands the whole output to a
+`ChatFamily` (see `parsers/family.py`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
+from parsers import registry
 from parsers._segments import split_at_markers
 from parsers.events import ContentDelta, Event, ReasoningDelta, ToolCallStart
-from parsers.reasoning import ReasoningConfig, prompt_closes_reasoning
+from parsers.facts import TokenizerFacts
+from parsers.family import ChatFamily, FamilyState, ReasoningFamily, ToolFamily
+from parsers.ids import tool_call_id
 from parsers.request import ParseRequest
-from parsers.structural_tag import RenderAdjustments, render_adjustments
-from parsers.tools import ToolCallState, ToolConfig
-from parsers.tools.llama3_json import LlamaConfig
+from parsers.structural_tag import RenderAdjustments
 
-__all__ = ["ChatParser", "ChatState"]
+__all__ = ["ChatParser", "ChatState", "build_chat_parser"]
 
 REASONING = 0
 CONTENT = 1
@@ -25,6 +32,15 @@ _THINK_START = 0
 _THINK_END = 1
 _TOOL_START = 2
 _TOOL_END = 3
+_TOOL_INNER = 4
+_TOOL_KINDS = {"start": _TOOL_START, "end": _TOOL_END, "inner": _TOOL_INNER}
+
+if TYPE_CHECKING:
+    CallState: TypeAlias = FamilyState
+else:
+    # Every registered family's state type: a family is decoded by its tag, so adding a
+    # registry row is all it takes for its state to travel in the stream state.
+    CallState = registry.state_union()
 
 
 class ChatState(msgspec.Struct, frozen=True, gc=False):
@@ -40,8 +56,8 @@ class ChatState(msgspec.Struct, frozen=True, gc=False):
     tool_seen: bool = False
     #: Tool calls started so far (the next call's index).
     tools_started: int = 0
-    #: The call being read, if the output is inside one.
-    call: ToolCallState | None = None
+    #: The tool family's open state (a call, a section or the answer), or a chat family's state.
+    call: CallState | None = None
 
     @property
     def tools_emitted(self) -> bool:
@@ -56,8 +72,10 @@ class ChatParser(msgspec.Struct, frozen=True):
     feeding a chunk costs O(chunk), whatever came before.
     """
 
-    reasoning: ReasoningConfig | None
-    tools: ToolConfig | None
+    #: The reasoning family for this request (None: no reasoning section is parsed).
+    reasoning: ReasoningFamily | None
+    #: The tool family bound to this request (None: tool markup is text).
+    tools: ToolFamily | None
     request: ParseRequest
     #: Marker token id -> (kind, spelling).
     markers: dict[int, tuple[int, str]]
@@ -67,27 +85,44 @@ class ChatParser(msgspec.Struct, frozen=True):
     tools_active: bool
     #: vLLM's `--tool-strict-level`: "auto", "function" or "parameter".
     tool_strict_level: str = "auto"
+    #: The configured reasoning family even when `bind` turned it off for this request.
+    reasoning_parser: ReasoningFamily | None = None
+    #: A family that parses the whole output itself; the fields above are then unused.
+    chat: ChatFamily | None = None
 
     @classmethod
     def build(
         cls,
-        reasoning: ReasoningConfig | None,
-        tools: ToolConfig | None,
+        reasoning: ReasoningFamily | ChatFamily | None,
+        tools: ToolFamily | ChatFamily | None,
         request: ParseRequest,
-        tool_strict_level: str = "auto",
+        tool_strict_level: str | None = None,
     ) -> ChatParser:
-        """Combine a reasoning and a tool configuration for one request."""
+        """Combine a reasoning and a tool family for one request.
+
+        `tools` counts only when tool calls are parsed at all (vLLM's
+        `--enable-auto-tool-choice`); a None `tool_strict_level` takes the family's default.
+        """
+        if isinstance(reasoning, ChatFamily):
+            return cls._whole(reasoning, reasoning, tools, request, tool_strict_level)
+        if isinstance(tools, ChatFamily):
+            return cls._whole(tools, reasoning, tools, request, tool_strict_level)
         markers: dict[int, tuple[int, str]] = {}
+        level = tool_strict_level or (tools.default_strict_level if tools else "auto")
         if tools is not None:
             tools = tools.bind(request)
-            markers[tools.start_id] = (_TOOL_START, tools.start_text)
-            if tools.end_id is not None:
-                markers[tools.end_id] = (_TOOL_END, tools.end_text)
+            for marker in tools.markers():
+                markers[marker.token_id] = (_TOOL_KINDS[marker.role], marker.text)
+        configured = reasoning
+        if reasoning is not None:
+            reasoning = reasoning.bind(request)
         if reasoning is not None:
             markers[reasoning.start_id] = (_THINK_START, reasoning.start_text)
             markers[reasoning.end_id] = (_THINK_END, reasoning.end_text)
             if reasoning.tool_start_ends_reasoning and reasoning.tool_start_id is not None:
-                markers.setdefault(reasoning.tool_start_id, (_TOOL_START, "<tool_call>"))
+                markers.setdefault(
+                    reasoning.tool_start_id, (_TOOL_START, reasoning.tool_start_text)
+                )
         active = (
             tools is not None
             and request.enable_auto_tools
@@ -95,36 +130,83 @@ class ChatParser(msgspec.Struct, frozen=True):
             and request.effective_tool_choice != "none"
         )
         spellings = {tid: spelling for tid, (_, spelling) in markers.items()}
-        return cls(reasoning, tools, request, markers, spellings, active, tool_strict_level)
+        return cls(
+            reasoning,
+            tools,
+            request,
+            markers,
+            spellings,
+            active,
+            level,
+            reasoning_parser=configured,
+        )
+
+    @classmethod
+    def _whole(
+        cls,
+        chat: ChatFamily,
+        reasoning: ReasoningFamily | ChatFamily | None,
+        tools: ToolFamily | ChatFamily | None,
+        request: ParseRequest,
+        tool_strict_level: str | None,
+    ) -> ChatParser:
+        """A parser that hands the whole output to `chat`."""
+        level = tool_strict_level or chat.default_strict_level
+        bound = chat.bind(request, reasoning, tools)
+        return cls(None, None, request, {}, {}, False, level, chat=bound)
 
     @property
     def marker_ids(self) -> frozenset[int]:
         """Ids this parser treats as markers; a caller may split chunks at them."""
+        if self.chat is not None:
+            return self.chat.marker_ids()
         return frozenset(self.markers)
 
     def reasoning_ended(self, prompt_token_ids: Sequence[int]) -> bool | None:
         """What vLLM 0.33's render puts in `reasoning_ended` for this prompt."""
         if not self.request.include_reasoning:
             return True
-        if self.reasoning is None:
+        if self.chat is not None:
+            return self.chat.reasoning_ended(prompt_token_ids)
+        forced = self.tools.reasoning_ended(self.request) if self.tools is not None else None
+        if forced is not None:
+            return forced
+        if self.reasoning_parser is None:
             return None
-        return prompt_closes_reasoning(self.reasoning, prompt_token_ids)
+        return self.reasoning_parser.reasoning_ended(self.request, prompt_token_ids)
 
     def render_adjustments(self) -> RenderAdjustments:
         """How render must change the request's sampling params (vLLM's adjust_request)."""
-        return render_adjustments(self.reasoning, self.tools, self.request, self.tool_strict_level)
+        if self.chat is not None:
+            return self.chat.render_adjustments(self.tool_strict_level)
+        adjustments = RenderAdjustments()
+        if self.reasoning_parser is not None:
+            adjustments = self.reasoning_parser.render_adjustments(self.request)
+        if self.tools is not None:
+            more = self.tools.render_adjustments(self.request, self.tool_strict_level)
+            adjustments = adjustments.merge(more)
+        return adjustments
 
     def structural_tag(self) -> str | None:
         """The exact `structured_outputs.structural_tag` vLLM 0.33 renders, or None."""
         return self.render_adjustments().structural_tag
 
+    def tool_call_id(self, request_id: str, choice_index: int, tool_index: int) -> str:
+        """The id of call `tool_index` of a choice, in the family's format (deterministic)."""
+        family = self.chat or self.tools
+        if family is None:
+            return tool_call_id(request_id, choice_index, tool_index)
+        return family.call_id(request_id, choice_index, tool_index)
+
     def start(self, prompt_token_ids: Sequence[int]) -> ChatState:
         """Initial state: inside reasoning unless the prompt or the template switches closed it."""
+        if self.chat is not None:
+            return ChatState(call=self.chat.start(prompt_token_ids))
         reasoning = self.reasoning
         if (
             reasoning is None
             or not reasoning.thinking_enabled(self.request.chat_template_kwargs)
-            or prompt_closes_reasoning(reasoning, prompt_token_ids)
+            or reasoning.reasoning_ended(self.request, prompt_token_ids)
         ):
             return self._answer(ChatState(phase=CONTENT))
         return ChatState(phase=REASONING)
@@ -133,6 +215,10 @@ class ChatParser(msgspec.Struct, frozen=True):
         self, state: ChatState, token_ids: Sequence[int], text: str
     ) -> tuple[ChatState, list[Event]]:
         """Parse one chunk: `text` is the decode of exactly `token_ids`, special tokens kept."""
+        if self.chat is not None:
+            return self._chat_step(
+                state, self.chat.feed(self._chat_state(self.chat, state), token_ids, text)
+            )
         events: list[Event] = []
         phase = state.phase
         for marker, piece in split_at_markers(token_ids, text, self.spellings):
@@ -147,27 +233,20 @@ class ChatParser(msgspec.Struct, frozen=True):
                     and not any(isinstance(e, ReasoningDelta) for e in events)
                 ):
                     self._emit(ReasoningDelta(""), events)
-                state = self._marker(state, self.markers[marker], events)
+                state = self._marker(state, marker, events)
         if not events and self.reasoning is not None and self.reasoning.empty_deltas:
             lone_marker = len(token_ids) == 1 and token_ids[0] in self.markers
             if not lone_marker:
                 if state.phase == REASONING:
                     self._emit(ReasoningDelta(""), events)
-                elif state.phase == CONTENT and not (self.tools_active and state.tool_seen):
+                elif state.phase == CONTENT and not self._drops_text(state):
                     events.append(ContentDelta(""))
         return state, events
 
-    def _legacy_end(self, marker: int) -> bool:
-        """An end-of-reasoning token under vLLM's legacy streaming (see `empty_deltas`)."""
-        reasoning = self.reasoning
-        return reasoning is not None and reasoning.empty_deltas and marker == reasoning.end_id
-
-    def _emit(self, event: ReasoningDelta, events: list[Event]) -> None:
-        if self.request.include_reasoning:
-            events.append(event)
-
     def finish(self, state: ChatState) -> tuple[ChatState, list[Event]]:
         """End of output: close an open tool call and report reasoning that never closed."""
+        if self.chat is not None:
+            return self._chat_step(state, self.chat.finish(self._chat_state(self.chat, state)))
         events: list[Event] = []
         if state.call is not None and self.tools is not None:
             state = self._close_call(state, events)
@@ -176,27 +255,62 @@ class ChatParser(msgspec.Struct, frozen=True):
             state = msgspec.structs.replace(state, reasoning_emitted=True)
         return state, events
 
+    def _chat_state(self, chat: ChatFamily, state: ChatState) -> FamilyState:
+        return state.call if state.call is not None else chat.start(())
+
+    def _chat_step(
+        self, state: ChatState, result: tuple[FamilyState, list[Event]]
+    ) -> tuple[ChatState, list[Event]]:
+        call, events = result
+        started = state.tools_started + _starts(events)
+        return msgspec.structs.replace(state, call=call, tools_started=started), events
+
+    def _legacy_end(self, marker: int) -> bool:
+        """An end-of-reasoning token under vLLM's legacy streaming (see `empty_deltas`)."""
+        reasoning = self.reasoning
+        return reasoning is not None and reasoning.empty_deltas and marker == reasoning.end_id
+
+    def _emit(self, event: Event, events: list[Event]) -> None:
+        if self.request.include_reasoning or not isinstance(event, ReasoningDelta):
+            events.append(event)
+
+    def _drops_text(self, state: ChatState) -> bool:
+        """Plain answer text is dropped: calls were opened and the family drops what follows."""
+        return (
+            self.tools_active
+            and state.tool_seen
+            and self.tools is not None
+            and self.tools.drops_text_after_calls
+        )
+
     def _text(self, state: ChatState, text: str, events: list[Event]) -> ChatState:
         if not text:
             return state
         if state.phase == REASONING:
-            if self.request.include_reasoning:
-                events.append(ReasoningDelta(text))
+            if self.reasoning is not None:
+                self._emit(self.reasoning.text_event(text, not state.reasoning_emitted), events)
             if state.reasoning_emitted:
                 return state
             return msgspec.structs.replace(state, reasoning_emitted=True)
-        if state.phase == IN_TOOL_CALL and state.call is not None and self.tools is not None:
+        if state.phase == IN_TOOL_CALL:
+            if state.call is None or self.tools is None:
+                return state  # markup swallowed while tools are off
             call, call_events = self.tools.feed(state.call, text)
-            events.extend(call_events)
-            started = state.tools_started + _starts(call_events)
-            return msgspec.structs.replace(state, call=call, tools_started=started)
-        if self.tools_active and state.tool_seen:
+            return self._called(state, call, call_events, events)
+        if self._drops_text(state):
             return state
         events.append(ContentDelta(text))
         return state
 
-    def _marker(self, state: ChatState, marker: tuple[int, str], events: list[Event]) -> ChatState:
-        kind, spelling = marker
+    def _called(
+        self, state: ChatState, call: FamilyState, call_events: list[Event], events: list[Event]
+    ) -> ChatState:
+        events.extend(call_events)
+        started = state.tools_started + _starts(call_events)
+        return msgspec.structs.replace(state, call=call, tools_started=started)
+
+    def _marker(self, state: ChatState, token_id: int, events: list[Event]) -> ChatState:
+        kind, spelling = self.markers[token_id]
         reasoning = self.reasoning
         if state.phase == REASONING and reasoning is not None:
             if kind == _THINK_START:
@@ -205,18 +319,27 @@ class ChatParser(msgspec.Struct, frozen=True):
                 return self._end_reasoning(state, events)
             if kind == _TOOL_START and reasoning.tool_start_ends_reasoning:
                 state = self._end_reasoning(state, events)
-                return self._marker(state, marker, events)
+                return self._marker(state, token_id, events)
             return self._text(state, spelling, events)
         if state.phase == IN_TOOL_CALL:
             if kind == _TOOL_END:
-                return self._close_call(state, events)
+                return self._answer(self._close_call(state, events))
             if kind == _TOOL_START:
                 state = self._close_call(state, events)
                 return self._open_call(state)
+            if kind == _TOOL_INNER and self.tools is not None:
+                if state.call is None:
+                    return state
+                call, call_events = self.tools.marker(state.call, token_id, spelling)
+                return self._called(state, call, call_events, events)
             return self._text(state, spelling, events)
         if kind == _THINK_END and reasoning is not None and reasoning.drop_end_in_content:
             return state
-        if kind == _TOOL_START and self.tools_active and self.tools is not None:
+        if (
+            kind == _TOOL_START
+            and self.tools is not None
+            and (self.tools_active or self.tools.swallows_inactive_markup)
+        ):
             return self._open_call(state)
         return self._text(state, spelling, events)
 
@@ -225,25 +348,26 @@ class ChatParser(msgspec.Struct, frozen=True):
         return self._answer(msgspec.structs.replace(state, phase=CONTENT, reasoning_emitted=True))
 
     def _report_empty_reasoning(self, state: ChatState, events: list[Event]) -> None:
-        reasoning = self.reasoning
-        if (
-            reasoning is not None
-            and reasoning.report_empty_reasoning
-            and not state.reasoning_emitted
-            and self.request.include_reasoning
-        ):
-            events.append(ReasoningDelta(""))
+        if self.reasoning is None or state.reasoning_emitted:
+            return
+        event = self.reasoning.empty_event()
+        if event is not None:
+            self._emit(event, events)
 
     def _answer(self, state: ChatState) -> ChatState:
         """The answer begins: a family whose calls need no start token reads it from here."""
-        if not (self.tools_active and isinstance(self.tools, LlamaConfig)):
+        if not self.tools_active or self.tools is None:
             return state
         call = self.tools.begin_answer(state.tools_started)
+        if call is None:
+            return state
         return msgspec.structs.replace(state, phase=IN_TOOL_CALL, call=call)
 
     def _open_call(self, state: ChatState) -> ChatState:
         if self.tools is None:
             return state
+        if not self.tools_active:
+            return msgspec.structs.replace(state, phase=IN_TOOL_CALL, call=None)
         call = self.tools.begin(state.tools_started)
         return msgspec.structs.replace(state, phase=IN_TOOL_CALL, call=call, tool_seen=True)
 
@@ -254,6 +378,32 @@ class ChatParser(msgspec.Struct, frozen=True):
             events.extend(call_events)
             started += _starts(call_events)
         return msgspec.structs.replace(state, phase=CONTENT, call=None, tools_started=started)
+
+
+def build_chat_parser(
+    reasoning: str | None,
+    tool: str | None,
+    facts: TokenizerFacts,
+    request: ParseRequest,
+    *,
+    tool_strict_level: str | None = None,
+) -> ChatParser | None:
+    """The parser for one request, or None when no parser applies (plain detokenization).
+
+    As in vLLM, a tool parser counts only with `request.enable_auto_tools`
+    (`--enable-auto-tool-choice`). Unknown names raise `UnknownParserError` either way.
+    """
+    reasoning_family = None
+    if reasoning is not None:
+        reasoning_family = registry.build_family(reasoning, "reasoning", facts)
+    tool_family = None
+    if tool is not None:
+        tool_family = registry.build_family(tool, "tool", facts)
+    if not request.enable_auto_tools:
+        tool_family = None
+    if reasoning_family is None and tool_family is None:
+        return None
+    return ChatParser.build(reasoning_family, tool_family, request, tool_strict_level)
 
 
 def _starts(events: list[Event]) -> int:

@@ -2,44 +2,48 @@
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal, overload
 
 import msgspec
 
-from parsers.chat import ChatParser
 from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
-from parsers.reasoning import ReasoningConfig, deepseek_r1, qwen3
-from parsers.request import ParseRequest
-from parsers.tools import ToolConfig, hermes, llama3_json, qwen3_coder
+from parsers.family import ChatFamily, Family, FamilyState, ReasoningFamily, ToolFamily
+from parsers.reasoning import deepseek_r1, qwen3
+from parsers.tools import hermes, llama3_json, qwen3_coder
 
 __all__ = [
     "FAMILIES",
     "ParserFamily",
-    "build_chat_parser",
+    "build_family",
     "known_reasoning_parsers",
     "known_tool_parsers",
+    "state_union",
 ]
 
 
 class ParserFamily(msgspec.Struct, frozen=True):
-    """One registry row: the CLI name, its kind and how to configure it for a tokenizer."""
+    """One registry row: the CLI name, its kind, how to build it for a tokenizer, and the
+    `FamilyState` subclass its stream state is (None for a reasoning family)."""
 
     name: str
     kind: Literal["reasoning", "tool"]
-    build: Callable[[TokenizerFacts], ReasoningConfig | ToolConfig]
+    build: Callable[[TokenizerFacts], Family]
+    state: type[FamilyState] | None = None
 
 
 #: `--reasoning-parser` / `--tool-call-parser` names, as vLLM 0.33 spells them.
 FAMILIES: tuple[ParserFamily, ...] = (
     ParserFamily("qwen3", "reasoning", qwen3.build),
     ParserFamily("deepseek_r1", "reasoning", deepseek_r1.build),
-    ParserFamily("hermes", "tool", hermes.build),
-    ParserFamily("qwen3_coder", "tool", qwen3_coder.build),
-    ParserFamily("qwen3_xml", "tool", qwen3_coder.build),
-    ParserFamily("llama3_json", "tool", llama3_json.build),
-    ParserFamily("llama4_json", "tool", llama3_json.build),
+    ParserFamily("hermes", "tool", hermes.build, hermes.HermesCall),
+    ParserFamily("qwen3_coder", "tool", qwen3_coder.build, qwen3_coder.XmlCall),
+    ParserFamily("qwen3_xml", "tool", qwen3_coder.build, qwen3_coder.XmlCall),
+    ParserFamily("llama3_json", "tool", llama3_json.build, llama3_json.LlamaCall),
+    ParserFamily("llama4_json", "tool", llama3_json.build, llama3_json.LlamaCall),
 )
 
 
@@ -53,40 +57,32 @@ def known_tool_parsers() -> list[str]:
     return [f.name for f in FAMILIES if f.kind == "tool"]
 
 
-def _family(name: str, kind: Literal["reasoning", "tool"]) -> ParserFamily:
-    for family in FAMILIES:
-        if family.name == name and family.kind == kind:
-            return family
+@overload
+def build_family(
+    name: str, kind: Literal["reasoning"], facts: TokenizerFacts
+) -> ReasoningFamily | ChatFamily: ...
+
+
+@overload
+def build_family(
+    name: str, kind: Literal["tool"], facts: TokenizerFacts
+) -> ToolFamily | ChatFamily: ...
+
+
+def build_family(name: str, kind: Literal["reasoning", "tool"], facts: TokenizerFacts) -> Family:
+    """The family registered as `name` for `kind`, configured for this tokenizer."""
+    for row in FAMILIES:
+        if row.name == name and row.kind == kind:
+            built = row.build(facts)
+            wrong = ToolFamily if kind == "reasoning" else ReasoningFamily
+            if isinstance(built, wrong):
+                raise UnknownParserError(f"{name!r} is not a {kind} parser")
+            return built
     known = ", ".join(f.name for f in FAMILIES if f.kind == kind)
     raise UnknownParserError(f"unknown {kind} parser {name!r}; known: {known}")
 
 
-def build_chat_parser(
-    reasoning: str | None,
-    tool: str | None,
-    facts: TokenizerFacts,
-    request: ParseRequest,
-    *,
-    tool_strict_level: str = "auto",
-) -> ChatParser | None:
-    """The parser for one request, or None when no parser applies (plain detokenization).
-
-    As in vLLM, a tool parser counts only with `request.enable_auto_tools`
-    (`--enable-auto-tool-choice`). Unknown names raise `UnknownParserError` either way.
-    """
-    reasoning_config: ReasoningConfig | None = None
-    tool_config: ToolConfig | None = None
-    if reasoning is not None:
-        built = _family(reasoning, "reasoning").build(facts)
-        if not isinstance(built, ReasoningConfig):
-            raise UnknownParserError(f"{reasoning!r} is not a reasoning parser")
-        reasoning_config = built
-    if tool is not None:
-        built_tool = _family(tool, "tool").build(facts)
-        if isinstance(built_tool, ReasoningConfig):
-            raise UnknownParserError(f"{tool!r} is not a tool parser")
-        if request.enable_auto_tools:
-            tool_config = built_tool
-    if reasoning_config is None and tool_config is None:
-        return None
-    return ChatParser.build(reasoning_config, tool_config, request, tool_strict_level)
+def state_union() -> Any:
+    """The union of every registered `FamilyState` type, for decoding `ChatState.call`."""
+    states = dict.fromkeys(row.state for row in FAMILIES if row.state is not None)
+    return functools.reduce(operator.or_, states)

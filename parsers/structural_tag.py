@@ -1,28 +1,24 @@
 """What render must change in a request for the configured parsers (vLLM's `adjust_request`).
 
-vLLM 0.33 constrains tool calls with an xgrammar structural tag when the tool parser has a
-structural-tag model (strict tool calling is on by default). The JSON text is compared byte
+`RenderAdjustments` is what a family's hook returns; the builders below are shared by tool
+families. vLLM 0.33 constrains tool calls with an xgrammar structural tag when the tool parser
+has a structural-tag model (strict tool calling is on by default). The JSON text is compared byte
 for byte with vLLM's, so it is built with `json.dumps` defaults, as vLLM serializes it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from parsers.request import ParseRequest
 
-if TYPE_CHECKING:
-    from parsers.reasoning import ReasoningConfig
-    from parsers.tools import ToolConfig
-
 __all__ = [
     "RenderAdjustments",
     "TagSpelling",
     "json_call_format",
-    "render_adjustments",
     "tool_tags_format",
 ]
 
@@ -39,30 +35,23 @@ class RenderAdjustments(msgspec.Struct, frozen=True, omit_defaults=True):
     skip_special_tokens: bool | None = None
     structural_tag: str | None = None
 
+    def merge(self, later: RenderAdjustments) -> RenderAdjustments:
+        """These adjustments, then `later`'s (what it sets wins)."""
+        return RenderAdjustments(
+            skip_special_tokens=self.skip_special_tokens
+            if later.skip_special_tokens is None
+            else later.skip_special_tokens,
+            structural_tag=self.structural_tag
+            if later.structural_tag is None
+            else later.structural_tag,
+        )
+
 
 class TagSpelling(msgspec.Struct, frozen=True):
     """How one call of a family opens and closes around its arguments."""
 
     begin: str  # may contain "{name}"
     end: str
-
-
-def render_adjustments(
-    reasoning: ReasoningConfig | None,
-    tools: ToolConfig | None,
-    request: ParseRequest,
-    strict_level: str = "auto",
-) -> RenderAdjustments:
-    """The adjustments vLLM 0.33 applies for these parsers and this request."""
-    skip: bool | None = None
-    if reasoning is not None and reasoning.keeps_special_tokens:
-        skip = False
-    tag: str | None = None
-    if tools is not None and request.effective_tool_choice != "none":
-        if tools.keeps_special_tokens:
-            skip = False
-        tag = tools.structural_tag(request, strict_level)
-    return RenderAdjustments(skip_special_tokens=skip, structural_tag=tag)
 
 
 def tool_tags_format(

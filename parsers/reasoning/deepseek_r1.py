@@ -10,14 +10,14 @@ content, and reasoning that closes empty reports `""`.
 from __future__ import annotations
 
 from parsers.facts import TokenizerFacts
-from parsers.reasoning._think import ReasoningConfig
+from parsers.family import ReasoningFamily
 
 __all__ = ["build"]
 
 
-def build(facts: TokenizerFacts) -> ReasoningConfig:
+def build(facts: TokenizerFacts) -> ReasoningFamily:
     """DeepSeek-R1's reasoning configuration for this tokenizer."""
-    return ReasoningConfig(
+    return ReasoningFamily(
         family="deepseek_r1",
         start_id=facts.marker_id("<think>", "deepseek_r1"),
         start_text="<think>",

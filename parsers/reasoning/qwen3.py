@@ -10,15 +10,15 @@ answer is dropped; `<|im_start|>`/`<|im_end|>` bound the prompt look-back.
 from __future__ import annotations
 
 from parsers.facts import TokenizerFacts
-from parsers.reasoning._think import ReasoningConfig
+from parsers.family import ReasoningFamily
 
 __all__ = ["build"]
 
 
-def build(facts: TokenizerFacts) -> ReasoningConfig:
+def build(facts: TokenizerFacts) -> ReasoningFamily:
     """Qwen3's reasoning configuration for this tokenizer."""
     boundaries = (facts.optional_id(t) for t in ("<|im_start|>", "<|im_end|>"))
-    return ReasoningConfig(
+    return ReasoningFamily(
         family="qwen3",
         start_id=facts.marker_id("<think>", "qwen3"),
         start_text="<think>",

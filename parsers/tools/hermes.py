@@ -12,17 +12,15 @@ being read.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import msgspec
 
 from parsers.events import Event, ToolArgsDelta, ToolCallEnd, ToolCallStart
 from parsers.facts import TokenizerFacts
+from parsers.family import FamilyState, Marker, ToolFamily
 from parsers.request import ParseRequest
 from parsers.structural_tag import TagSpelling, tool_tags_format
-
-if TYPE_CHECKING:
-    from parsers.tools import ToolCallState
 
 __all__ = ["HermesCall", "HermesConfig", "build", "scan_object"]
 
@@ -48,7 +46,7 @@ _SCALAR_STOP = re.compile(r"[,}\]\s]")
 _WHITESPACE = " \t\r\n"
 
 
-class HermesCall(msgspec.Struct, frozen=True, tag="hermes", gc=False):
+class HermesCall(FamilyState, frozen=True, tag="hermes", gc=False):
     """Lexer state inside one `<tool_call>`; bounded by the longest key or name."""
 
     index: int
@@ -68,7 +66,7 @@ class HermesCall(msgspec.Struct, frozen=True, tag="hermes", gc=False):
         return self.mode == _DONE
 
 
-class HermesConfig(msgspec.Struct, frozen=True):
+class HermesConfig(ToolFamily, frozen=True):
     """Marker ids of the Hermes format for one tokenizer."""
 
     start_id: int
@@ -80,9 +78,12 @@ class HermesConfig(msgspec.Struct, frozen=True):
     #: vLLM's adjust_request sets skip_special_tokens=False for this family.
     keeps_special_tokens: ClassVar[bool] = True
 
-    def bind(self, request: ParseRequest) -> HermesConfig:
-        """Hermes needs nothing from the request."""
-        return self
+    def markers(self) -> tuple[Marker, ...]:
+        """`<tool_call>` and `</tool_call>`."""
+        return (
+            Marker(self.start_id, self.start_text, "start"),
+            Marker(self.end_id, self.end_text, "end"),
+        )
 
     def structural_tag(self, request: ParseRequest, strict_level: str) -> str | None:
         """vLLM's `hermes` structural tag for this request, or None."""
@@ -92,14 +93,14 @@ class HermesConfig(msgspec.Struct, frozen=True):
         """State for a call that just opened; it will be call `index` if it gets a name."""
         return HermesCall(index=index)
 
-    def feed(self, call: ToolCallState, text: str) -> tuple[ToolCallState, list[Event]]:
+    def feed(self, call: FamilyState, text: str) -> tuple[FamilyState, list[Event]]:
         """Scan more text of the call body."""
         if not isinstance(call, HermesCall):
             return call, []
         call, events, _ = scan_object(call, text)
         return call, events
 
-    def close(self, call: ToolCallState) -> list[Event]:
+    def close(self, call: FamilyState) -> list[Event]:
         """The call ended (closing token, or end of output): end it if it ever started."""
         if not isinstance(call, HermesCall):
             return []

@@ -17,18 +17,12 @@ call is dropped, as vLLM does in both modes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
-
-import msgspec
-
 from parsers.events import ContentDelta, Event, ToolCallEnd
 from parsers.facts import TokenizerFacts
+from parsers.family import FamilyState, Marker, ToolFamily
 from parsers.request import ParseRequest
 from parsers.structural_tag import TagSpelling, json_call_format
 from parsers.tools.hermes import HermesCall, scan_object
-
-if TYPE_CHECKING:
-    from parsers.tools import ToolCallState
 
 __all__ = ["LlamaCall", "LlamaConfig", "build"]
 
@@ -50,7 +44,7 @@ _WHITESPACE = " \t\r\n"
 _MAX_HELD = 128
 
 
-class LlamaCall(msgspec.Struct, frozen=True, tag="llama3_json", gc=False):
+class LlamaCall(FamilyState, frozen=True, tag="llama3_json", gc=False):
     """State of the answer section: undecided prefix, a call object, separators or content."""
 
     index: int  # index of the next call
@@ -62,21 +56,19 @@ class LlamaCall(msgspec.Struct, frozen=True, tag="llama3_json", gc=False):
     after_call: bool = False  # an object was read: what is not a call is now dropped
 
 
-class LlamaConfig(msgspec.Struct, frozen=True):
-    """`<|python_tag|>` for one tokenizer; the answer itself opens the call section."""
+class LlamaConfig(ToolFamily, frozen=True):
+    """`<|python_tag|>` for one tokenizer; the answer itself opens the call section.
+
+    vLLM's Llama3JsonToolParser leaves skip_special_tokens alone (the default).
+    """
 
     start_id: int
     start_text: str
-    end_id: int | None = None
-    end_text: str = ""
     family: str = "llama3_json"
 
-    #: vLLM's Llama3JsonToolParser leaves skip_special_tokens alone.
-    keeps_special_tokens: ClassVar[bool] = False
-
-    def bind(self, request: ParseRequest) -> LlamaConfig:
-        """Nothing to capture from the request."""
-        return self
+    def markers(self) -> tuple[Marker, ...]:
+        """`<|python_tag|>` only: no token closes a call."""
+        return (Marker(self.start_id, self.start_text, "start"),)
 
     def structural_tag(self, request: ParseRequest, strict_level: str) -> str | None:
         """vLLM's tag from xgrammar's `llama` template for this request, or None."""
@@ -91,13 +83,13 @@ class LlamaConfig(msgspec.Struct, frozen=True):
         """The answer starts: it may be calls (no token announces them)."""
         return LlamaCall(index=index)
 
-    def feed(self, call: ToolCallState, text: str) -> tuple[ToolCallState, list[Event]]:
+    def feed(self, call: FamilyState, text: str) -> tuple[FamilyState, list[Event]]:
         """Scan more of the answer."""
         if not isinstance(call, LlamaCall):
             return call, []
         return _scan(call, text)
 
-    def close(self, call: ToolCallState) -> list[Event]:
+    def close(self, call: FamilyState) -> list[Event]:
         """End of output (or a new `<|python_tag|>`): end an open call, release held text."""
         if not isinstance(call, LlamaCall):
             return []

@@ -21,16 +21,14 @@ then written as the model's own JSON text when it decodes to an allowed type, el
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 
 from parsers.events import Event, ToolArgsDelta, ToolCallEnd, ToolCallStart
 from parsers.facts import TokenizerFacts
+from parsers.family import FamilyState, Marker, ToolFamily
 from parsers.request import ParseRequest
-
-if TYPE_CHECKING:
-    from parsers.tools import ToolCallState
 
 __all__ = ["XmlCall", "XmlConfig", "build"]
 
@@ -57,7 +55,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-class XmlCall(msgspec.Struct, frozen=True, tag="xml", gc=False):
+class XmlCall(FamilyState, frozen=True, tag="xml", gc=False):
     """State inside one `<tool_call>`; holds at most one partial tag or one typed value."""
 
     index: int
@@ -72,7 +70,7 @@ class XmlCall(msgspec.Struct, frozen=True, tag="xml", gc=False):
     value: str = ""  # a typed (non-string) value, collected until its closing tag
 
 
-class XmlConfig(msgspec.Struct, frozen=True):
+class XmlConfig(ToolFamily, frozen=True):
     """Marker ids plus, once bound to a request, the non-string parameter types per function."""
 
     start_id: int
@@ -80,10 +78,17 @@ class XmlConfig(msgspec.Struct, frozen=True):
     end_id: int
     end_text: str
     family: str = "qwen3_coder"
-    typed_params: dict[str, dict[str, tuple[str, ...]]] = {}
+    typed_params: dict[str, dict[str, tuple[str, ...]]] = msgspec.field(default_factory=dict)
 
     #: vLLM's adjust_request sets skip_special_tokens=False for this family.
     keeps_special_tokens: ClassVar[bool] = True
+
+    def markers(self) -> tuple[Marker, ...]:
+        """`<tool_call>` and `</tool_call>`; the inner tags are plain text."""
+        return (
+            Marker(self.start_id, self.start_text, "start"),
+            Marker(self.end_id, self.end_text, "end"),
+        )
 
     def bind(self, request: ParseRequest) -> XmlConfig:
         """This config with the request's tool schemas."""
@@ -103,7 +108,7 @@ class XmlConfig(msgspec.Struct, frozen=True):
         """State for a call that just opened."""
         return XmlCall(index=index)
 
-    def feed(self, call: ToolCallState, text: str) -> tuple[ToolCallState, list[Event]]:
+    def feed(self, call: FamilyState, text: str) -> tuple[FamilyState, list[Event]]:
         """Scan more text of the call body."""
         if not isinstance(call, XmlCall):
             return call, []
@@ -111,7 +116,7 @@ class XmlConfig(msgspec.Struct, frozen=True):
         call = self._scan(call, call.held + text, out)
         return call, out.events()
 
-    def close(self, call: ToolCallState) -> list[Event]:
+    def close(self, call: FamilyState) -> list[Event]:
         """End the call: finish an open value and the object, as if the tags had closed."""
         if not isinstance(call, XmlCall) or not (call.started or call.mode == _NAME):
             return []
