@@ -316,7 +316,11 @@ class ChatParser(msgspec.Struct, frozen=True):
             if kind == _THINK_START:
                 return state
             if kind == _THINK_END:
-                return self._end_reasoning(state, events)
+                state = self._end_reasoning(state, events)
+                end = reasoning.end_event()
+                if end is not None:
+                    self._emit(end, events)
+                return state
             if kind == _TOOL_START and reasoning.tool_start_ends_reasoning:
                 state = self._end_reasoning(state, events)
                 return self._marker(state, token_id, events)

@@ -120,6 +120,10 @@ class ReasoningFamily(msgspec.Struct, frozen=True):
         """What reasoning that closes (or ends) without any text reports, if anything."""
         return ReasoningDelta("") if self.report_empty_reasoning else None
 
+    def end_event(self) -> Event | None:
+        """What the end marker itself turns into when it closes reasoning (default: nothing)."""
+        return None
+
     def render_adjustments(self, request: ParseRequest) -> RenderAdjustments:
         """What this family's adjust_request changes in the rendered sampling params."""
         return RenderAdjustments(skip_special_tokens=False if self.keeps_special_tokens else None)

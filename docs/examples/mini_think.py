@@ -7,12 +7,12 @@ tests/parsers/test_writing_a_parser.py imports and runs this file, so it cannot 
 from __future__ import annotations
 
 from parsers import TokenizerFacts
-from parsers.reasoning import ReasoningConfig
+from parsers.family import ReasoningFamily
 
 
-def build(facts: TokenizerFacts) -> ReasoningConfig:
+def build(facts: TokenizerFacts) -> ReasoningFamily:
     """Configuration of the `mini_think` family for this tokenizer."""
-    return ReasoningConfig(
+    return ReasoningFamily(
         family="mini_think",
         start_id=facts.marker_id("<reasoning>", "mini_think"),
         start_text="<reasoning>",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import pytest
 
 import parsers
 from parsers import (
+    ChatState,
     ParseRequest,
     TokenizerFacts,
     UnknownParserError,
@@ -17,6 +19,7 @@ from parsers import (
     known_tool_parsers,
     tool_call_id,
 )
+from parsers.family import FamilyState
 from parsers.registry import FAMILIES
 
 # The markers every registered family may need, with Qwen-like ids (no tokenizer needed).
@@ -89,3 +92,28 @@ def test_public_names_are_exactly_all() -> None:
     public = {name for name in vars(parsers) if not name.startswith("_")}
     modules = {name for name, value in vars(parsers).items() if type(value) is type(parsers)}
     assert public - modules - {"annotations"} == set(parsers.__all__)
+
+
+def test_every_state_type_is_a_tagged_family_state() -> None:
+    states = {row.state for row in FAMILIES if row.state is not None}
+    assert all(issubclass(state, FamilyState) for state in states)
+    tags = [state.__struct_config__.tag for state in states]
+    assert None not in tags and len(set(tags)) == len(tags)
+    tool_rows = [row for row in FAMILIES if row.kind == "tool"]
+    assert all(row.state is not None for row in tool_rows), "a tool family has a stream state"
+
+
+@pytest.mark.parametrize(
+    "family", [f for f in FAMILIES if f.kind == "tool"], ids=lambda f: f"tool:{f.name}"
+)
+def test_every_tool_family_state_travels_in_the_chat_state(
+    family: parsers.registry.ParserFamily,
+) -> None:
+    parser = build_chat_parser(None, family.name, FACTS, REQUEST)
+    assert parser is not None and parser.tools is not None
+    start = next(m for m in parser.tools.markers() if m.role == "start")
+    state = parser.start([151644, 77091, 198])
+    state, _ = parser.feed(state, [start.token_id, 9707], start.text + '{"name": "f", "argu')
+    assert isinstance(state.call, family.state)
+    for codec in (msgspec.json, msgspec.msgpack):
+        assert codec.decode(codec.encode(state), type=ChatState) == state
