@@ -108,12 +108,11 @@ class ChatParser(msgspec.Struct, frozen=True):
         if isinstance(tools, ChatFamily):
             return cls._whole(tools, reasoning, tools, request, tool_strict_level)
         markers: dict[int, tuple[int, str]] = {}
-        level = tool_strict_level or (tools.default_strict_level if tools else "auto")
+        configured = reasoning
         if tools is not None:
-            tools = tools.bind(request)
+            tools = tools.bind(request, configured)
             for marker in tools.markers():
                 markers[marker.token_id] = (_TOOL_KINDS[marker.role], marker.text)
-        configured = reasoning
         if reasoning is not None:
             reasoning = reasoning.bind(request)
         if reasoning is not None:
@@ -130,6 +129,7 @@ class ChatParser(msgspec.Struct, frozen=True):
             and request.effective_tool_choice != "none"
         )
         spellings = {tid: spelling for tid, (_, spelling) in markers.items()}
+        level = tool_strict_level or (tools.default_strict_level if tools else "auto")
         return cls(
             reasoning,
             tools,

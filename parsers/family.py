@@ -18,7 +18,7 @@ a frozen, tagged, small Struct that msgspec serializes as json and msgpack.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal, Self, TypeAlias
+from typing import ClassVar, Literal, TypeAlias
 
 import msgspec
 
@@ -152,8 +152,12 @@ class ToolFamily(msgspec.Struct, frozen=True):
         """This family's marker tokens for the tokenizer it was built for."""
         raise NotImplementedError
 
-    def bind(self, request: ParseRequest) -> Self:
-        """The family for one request (capture what it adds, e.g. parameter types)."""
+    def bind(self, request: ParseRequest, reasoning: ReasoningFamily | None) -> ToolFamily:
+        """The family for one request: capture what it adds (e.g. parameter types).
+
+        `reasoning` is the configured reasoning family, for formats whose rules change with it;
+        a switch that changes can be set by returning an instance of a subclass.
+        """
         return self
 
     def begin(self, index: int) -> FamilyState:

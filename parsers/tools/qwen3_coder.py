@@ -27,7 +27,7 @@ import msgspec
 
 from parsers.events import Event, ToolArgsDelta, ToolCallEnd, ToolCallStart
 from parsers.facts import TokenizerFacts
-from parsers.family import FamilyState, Marker, ToolFamily
+from parsers.family import FamilyState, Marker, ReasoningFamily, ToolFamily
 from parsers.request import ParseRequest
 
 __all__ = ["XmlCall", "XmlConfig", "build"]
@@ -90,7 +90,7 @@ class XmlConfig(ToolFamily, frozen=True):
             Marker(self.end_id, self.end_text, "end"),
         )
 
-    def bind(self, request: ParseRequest) -> XmlConfig:
+    def bind(self, request: ParseRequest, reasoning: ReasoningFamily | None) -> XmlConfig:
         """This config with the request's tool schemas."""
         typed: dict[str, dict[str, tuple[str, ...]]] = {}
         for tool in request.tools or []:

@@ -111,6 +111,15 @@ class KeepingSectionTools(SectionTools, frozen=True):
     swallows_inactive_markup: ClassVar[bool] = False
 
 
+class ReasoningAwareTools(SectionTools, frozen=True):
+    """Keeps markup as content under the reasoning family named "keep" (as MiniMax does)."""
+
+    def bind(self, request: ParseRequest, reasoning: ReasoningFamily | None) -> ToolFamily:
+        if reasoning is not None and reasoning.family == "keep":
+            return KeepingSectionTools()
+        return self
+
+
 class AnswerState(FamilyState, frozen=True, tag="test_answer"):
     index: int
     name: str = ""
@@ -290,6 +299,18 @@ def test_markup_is_swallowed_while_tools_are_off_when_the_family_says_so() -> No
     keeping = ChatParser.build(None, KeepingSectionTools(), off)
     content = 'Sure.<calls><call>f<sep>{"a": 1}</call>\n<call>g<sep>{}</call></calls> Done.'
     assert message(parse(keeping, [SECTION])) == (None, content, [])
+
+
+def test_a_tool_family_adapts_to_the_configured_reasoning_family() -> None:
+    off = ParseRequest(tools=TOOLS, tool_choice="none", enable_auto_tools=True)
+    keep = ReasoningFamily("keep", THINK, "<think>", END_THINK, "</think>")
+    kept = ChatParser.build(keep, ReasoningAwareTools(), off)
+    swallowed = ChatParser.build(think(), ReasoningAwareTools(), off)
+    assert isinstance(kept.tools, KeepingSectionTools)
+    assert message(parse(kept, [SECTION], [END_THINK]))[1] == "".join(
+        SPELLING[p] if isinstance(p, int) else p for p in SECTION
+    )
+    assert message(parse(swallowed, [SECTION], [END_THINK]))[1] == "Sure. Done."
 
 
 def test_text_after_calls_is_content_unless_the_family_drops_it() -> None:
