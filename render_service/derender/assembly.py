@@ -1,9 +1,8 @@
-"""Parser events -> the parts of OpenAI messages and deltas, and the shared response fields."""
+"""Parser events -> the parts of OpenAI messages and deltas, and the fields responses share."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from parsers import (
     ContentDelta,
@@ -14,25 +13,27 @@ from parsers import (
     tool_call_id,
 )
 from render_service.derender.machine import OutputOptions
+from render_service.protocol.chat import DeltaFunctionCall, DeltaToolCall, FunctionCall, ToolCall
+from render_service.protocol.derender import GenerateChunk
+from render_service.protocol.usage import UsageInfo
 
 
 def now() -> int:
+    """``created`` of a response: seconds since the epoch."""
     return int(time.time())
 
 
-def make_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
-        "completion_tokens_details": None,
-    }
+def chunk_usage(prompt_tokens: int | None, chunk: GenerateChunk) -> UsageInfo | None:
+    """A stream chunk's usage: the engine's counts, the prompt's as the client gave it."""
+    if chunk.usage is None:
+        return None
+    prompt = prompt_tokens if prompt_tokens is not None else chunk.usage.get("prompt_tokens", 0)
+    return UsageInfo.of(prompt or 0, chunk.usage.get("completion_tokens") or 0)
 
 
 def message_parts(
     events: list[Event], request_id: str, index: int, options: OutputOptions
-) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+) -> tuple[str | None, str | None, list[ToolCall]]:
     """Batch: events -> (reasoning, content, tool_calls) of one message."""
     reasoning: list[str] = []
     content: list[str] = []
@@ -49,14 +50,12 @@ def message_parts(
         elif isinstance(event, ToolArgsDelta):
             arguments.setdefault(event.index, []).append(event.text)
     calls = [
-        {
-            "id": tool_call_id(request_id, index, tool_index),
-            "type": "function",
-            "function": {
-                "name": names[tool_index],
-                "arguments": "".join(arguments.get(tool_index, [])),
-            },
-        }
+        ToolCall(
+            id=tool_call_id(request_id, index, tool_index),
+            function=FunctionCall(
+                name=names[tool_index], arguments="".join(arguments.get(tool_index, []))
+            ),
+        )
         for tool_index in sorted(names)
         if options.parallel_tool_calls or tool_index == 0
     ]
@@ -69,11 +68,11 @@ def message_parts(
 
 def delta_parts(
     events: list[Event], request_id: str, index: int, options: OutputOptions
-) -> tuple[str | None, str | None, list[dict[str, Any]]]:
+) -> tuple[str | None, str | None, list[DeltaToolCall]]:
     """Streaming: events -> (reasoning, content, tool_calls) of one delta."""
     reasoning: list[str] = []
     content: list[str] = []
-    calls: list[dict[str, Any]] = []
+    calls: list[DeltaToolCall] = []
     for event in events:
         if isinstance(event, ReasoningDelta):
             reasoning.append(event.text)
@@ -84,23 +83,21 @@ def delta_parts(
                 continue
             if isinstance(event, ToolCallStart):
                 calls.append(
-                    {
-                        "id": tool_call_id(request_id, index, event.index),
-                        "type": "function",
-                        "index": event.index,
-                        "function": {"name": event.name, "arguments": None},
-                    }
+                    DeltaToolCall(
+                        id=tool_call_id(request_id, index, event.index),
+                        type="function",
+                        index=event.index,
+                        function=DeltaFunctionCall(name=event.name),
+                    )
                 )
-            elif calls and calls[-1]["index"] == event.index and calls[-1]["id"] is None:
-                calls[-1]["function"]["arguments"] += event.text
+            elif calls and calls[-1].index == event.index and calls[-1].id is None:
+                function = calls[-1].function
+                function.arguments = (function.arguments or "") + event.text
             else:
                 calls.append(
-                    {
-                        "id": None,
-                        "type": None,
-                        "index": event.index,
-                        "function": {"name": None, "arguments": event.text},
-                    }
+                    DeltaToolCall(
+                        index=event.index, function=DeltaFunctionCall(arguments=event.text)
+                    )
                 )
     thinking = "".join(reasoning) if reasoning and options.include_reasoning else None
     return thinking, ("".join(content) if content else None), calls

@@ -1,13 +1,30 @@
-"""The per-choice derender machine's values: the options a request sets, the state a stream
-carries between calls, and what one chunk produced."""
+"""The per-choice derender machine, shared by chat and completions, batch and streaming.
+
+A choice starts from its prompt ids (``ChoiceMachine.start``) and is fed chunks of generated ids
+(``ChoiceMachine.step``): the final stop token is dropped as vLLM drops it, the ids are
+detokenized incrementally and the text goes through the request's parser, whose events the
+endpoints turn into a message or a delta. A stream carries the ``ChoiceState`` between calls;
+batch derender is the same machine fed the whole output as one finished chunk, decoded id by id
+so that stop strings can cut it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
-from parsers import ChatState, DetokState, Event, ParseRequest
+from parsers import ChatParser, ChatState, Detokenizer, DetokState, Event, ParseRequest
+from render_service.derender import logprobs as lp
+from render_service.derender.parser_cache import running_digest, seed_digest
+from render_service.derender.stop_strings import StopStrings, ids_for_text, stop_string_cut
+from render_service.errors import InvalidRequest
+from render_service.model.loading import Model
+from render_service.model.parser_setup import ParsingSetup
+from render_service.protocol.derender import GenerateChoice
+from render_service.protocol.logprobs import ChatCompletionLogProbs, CompletionLogProbs
 
 
 class OutputOptions(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -45,9 +62,6 @@ class ChoiceState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     text_offset: int = 0
 
 
-CachedState = tuple[str, ChoiceState]  # (the signed token we issued, its decoded state)
-
-
 @dataclass(frozen=True)
 class ChunkResult:
     """What one chunk of one choice produced."""
@@ -57,3 +71,251 @@ class ChunkResult:
     kept_ids: list[int]
     state: ChoiceState
     stop_reason: int | str | None
+    #: A stop string ended the text (batch only): the finish reason is "stop".
+    stopped: bool = False
+
+
+class ChoiceMachine:
+    """One model's per-choice machine: its detokenizers, stop tokens and parser setup."""
+
+    def __init__(self, model: Model, parsing: ParsingSetup | None, max_logprobs: int) -> None:
+        self.model = model
+        self.parsing = parsing
+        self.max_logprobs = max_logprobs
+        self._eos_id = model.info.eos_token_id
+        self._model_eos = frozenset(model.info.eos_token_ids)
+        backend = model.backend
+
+        def decode(ids: Sequence[int]) -> str:
+            return str(backend.decode(list(ids), skip_special_tokens=False))
+
+        self.texts = lp.TokenTexts(decode, lambda token: backend.id_to_token(token) is not None)
+        special_ids = frozenset(model.hf_tokenizer.all_special_ids)
+        self._detok = {
+            skip: Detokenizer(decode, special_ids, skip, vocab_size=model.vocab_size)
+            for skip in (True, False)
+        }
+        flags = (None, None) if parsing is None else (parsing.reasoning_parser, parsing.tool_parser)
+        self._seed = seed_digest(model.info.served_model_name.encode(), repr(flags).encode())
+
+    @property
+    def has_parser(self) -> bool:
+        return self.parsing is not None
+
+    def parser(self, parse_request: ParseRequest | None) -> ChatParser | None:
+        """The parser for a request (None without parser flags or without a chat request)."""
+        if self.parsing is None or parse_request is None:
+            return None
+        return self.parsing.parser(parse_request)
+
+    def start(
+        self,
+        request_id: str,
+        index: int,
+        prompt_ids: Sequence[int],
+        options: OutputOptions,
+        parse_request: ParseRequest | None,
+        *,
+        parser_prompt: Sequence[int] | None = None,
+        stream: bool = True,
+    ) -> ChoiceState:
+        """A choice before its first output id.
+
+        ``parser_prompt``: the prompt the parser sees, where it differs from the detokenizer's.
+        ``stream``: the state will be carried on (it then keeps a lean parse request and the
+        digest that keys the parser cache); a batch choice needs neither.
+        """
+        parser = self.parser(parse_request)
+        detok = self._detok[options.skip_special_tokens]
+        parser_ids = prompt_ids if parser_prompt is None else parser_prompt
+        return ChoiceState(
+            request_id=request_id,
+            index=index,
+            prompt_len=len(prompt_ids),
+            options=options,
+            parse_request=_lean(parse_request) if stream else None,
+            parser=parser.start(parser_ids) if parser is not None else None,
+            detok=detok.start(prompt_ids),
+            digest=self._stream_seed(request_id, index, options, parse_request) if stream else b"",
+        )
+
+    def step(
+        self,
+        state: ChoiceState,
+        choice: GenerateChoice,
+        parser: ChatParser | None,
+        *,
+        finished: bool,
+        stops: StopStrings | None = None,
+    ) -> ChunkResult:
+        """Feed one chunk of one choice: its text, the parser's events and the next state.
+
+        With ``stops`` (batch: the whole output, finished), the text is decoded id by id and cut
+        at the first stop string, and the state is not advanced (nothing carries it on).
+        """
+        ids = list(choice.token_ids or [])
+        options = state.options
+        kept, stop_reason = self._drop_stop_token(ids, choice, options)
+        detok = self._detok[options.skip_special_tokens]
+        stopped = False
+        if stops is None:
+            detok_state, text = detok.step(state.detok, kept)
+            if finished:
+                detok_state, tail = detok.finish(detok_state)
+                text += tail
+        else:
+            pieces = []
+            detok_state = state.detok
+            for token in kept:
+                detok_state, piece = detok.step(detok_state, [token])
+                pieces.append(piece)
+            detok_state, tail = detok.finish(detok_state)
+            if pieces:
+                pieces[-1] += tail
+            text = "".join(pieces)
+            cut = stop_string_cut(
+                text,
+                pieces,
+                stops.strings,
+                stop_reason,
+                stops.min_tokens,
+                options.include_stop_str_in_output,
+            )
+            if cut is not None:
+                text_end, matched = cut
+                kept, text = ids_for_text(kept, pieces, text_end), text[:text_end]
+                stop_reason, stopped = matched, True
+        events: list[Event] = []
+        parser_state = state.parser
+        if parser is not None and parser_state is not None:
+            if ids or finished:
+                parser_state, events = parser.feed(parser_state, kept, text)
+            if finished:
+                parser_state, more = parser.finish(parser_state)
+                events.extend(more)
+        if stops is not None:
+            return ChunkResult(text, events, kept, state, stop_reason, stopped)
+        new_state = msgspec.structs.replace(
+            state,
+            parser=parser_state,
+            detok=detok_state,
+            digest=running_digest(state.digest, ids),
+            n_tokens=state.n_tokens + len(ids),
+        )
+        return ChunkResult(text, events, kept, new_state, stop_reason)
+
+    def chat_logprobs(
+        self, choice: GenerateChoice, options: OutputOptions, context: tuple[int, ...]
+    ) -> tuple[ChatCompletionLogProbs | None, tuple[int, ...]]:
+        """A chat chunk's logprobs and the repair context after it."""
+        if choice.logprobs is None:
+            return None, context
+        return lp.chat_logprobs(
+            choice.logprobs.content,
+            self.texts,
+            top_limit=options.logprob_limit,
+            context_ids=context,
+            sampled_ids=choice.token_ids,
+        )
+
+    def completion_logprobs(
+        self, choice: GenerateChoice, options: OutputOptions, context: tuple[int, ...], offset: int
+    ) -> tuple[CompletionLogProbs | None, tuple[int, ...]]:
+        """A completions chunk's logprobs (text offsets from ``offset``) and the repair context."""
+        if choice.logprobs is None:
+            return None, context
+        return lp.completion_logprobs(
+            choice.logprobs.content,
+            self.texts,
+            top_limit=options.logprob_limit,
+            context_ids=context,
+            text_offset=offset,
+            sampled_ids=choice.token_ids,
+        )
+
+    def check_bounds(self, choices: list[GenerateChoice], prompt_ids: list[int] | None) -> None:
+        """A batch output must fit the model's context and --max-logprobs."""
+        limit = self.model.info.max_model_len
+        if prompt_ids is not None and len(prompt_ids) > limit:
+            raise InvalidRequest(
+                f"prompt_token_ids has {len(prompt_ids)} ids, more than max_model_len={limit}"
+            )
+        for choice in choices:
+            if choice.token_ids is not None and len(choice.token_ids) > limit:
+                raise InvalidRequest(
+                    f"choice {choice.index} has {len(choice.token_ids)} token_ids, more than max_model_len={limit}"
+                )
+            self._check_logprob_count(choice)
+
+    def _check_logprob_count(self, choice: GenerateChoice) -> None:
+        """vLLM's bound: no position may list more candidates than --max-logprobs (-1: any)."""
+        if self.max_logprobs < 0 or choice.logprobs is None or not choice.logprobs.content:
+            return
+        for entry in choice.logprobs.content:
+            if len(entry.top_logprobs) > self.max_logprobs:
+                raise InvalidRequest(
+                    f"top_logprobs count ({len(entry.top_logprobs)}) in choice {choice.index} "
+                    f"exceeds max_logprobs ({self.max_logprobs})."
+                )
+
+    def check_chunk_length(self, state: ChoiceState, choice: GenerateChoice) -> None:
+        """A stream's prompt and output so far, plus this chunk, must fit the model's context."""
+        limit = self.model.info.max_model_len
+        total = state.prompt_len + state.n_tokens + len(choice.token_ids or [])
+        if total > limit:
+            raise InvalidRequest(
+                f"prompt ({state.prompt_len}) + output so far ({state.n_tokens}) + this chunk exceed "
+                f"max_model_len={limit}."
+            )
+
+    def _stream_seed(
+        self,
+        request_id: str,
+        index: int,
+        options: OutputOptions,
+        parse_request: ParseRequest | None,
+    ) -> bytes:
+        """Cache-key seed: model and parser flags, the parse context, the request and the choice."""
+        return seed_digest(
+            self._seed,
+            request_id.encode(),
+            index.to_bytes(4, "little"),
+            msgspec.msgpack.encode(options),
+            msgspec.msgpack.encode(parse_request),
+        )
+
+    def _drop_stop_token(
+        self, ids: list[int], choice: GenerateChoice, options: OutputOptions
+    ) -> tuple[list[int], int | str | None]:
+        """vLLM's _drop_stop_token: the final stop token is not text (unless asked to keep it)."""
+        stop_reason = choice.stop_reason
+        if choice.finish_reason != "stop" or not ids or options.include_stop_str_in_output:
+            return ids, stop_reason
+        last = ids[-1]
+        if isinstance(stop_reason, int) and not isinstance(stop_reason, bool):
+            return (ids[:-1], stop_reason) if last == stop_reason else (ids, stop_reason)
+        if stop_reason is None and last == self._eos_id:
+            return ids[:-1], None
+        if stop_reason is None and (last in options.stop_token_ids or last in self._model_eos):
+            return ids[:-1], last
+        return ids, stop_reason
+
+
+def _lean(parse_request: ParseRequest | None) -> ParseRequest | None:
+    """What the parser still needs after ``start``: tool names and schemas, no prose or template kwargs."""
+    if parse_request is None:
+        return None
+    tools = (
+        [_strip_descriptions(t) for t in parse_request.tools]
+        if parse_request.tools
+        else parse_request.tools
+    )
+    return msgspec.structs.replace(parse_request, tools=tools, chat_template_kwargs={})
+
+
+def _strip_descriptions(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_descriptions(v) for k, v in value.items() if k != "description"}
+    if isinstance(value, list):
+        return [_strip_descriptions(v) for v in value]
+    return value

@@ -5,6 +5,38 @@ Streaming derender refuses stop strings (text already sent cannot be cut).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from render_service.errors import InvalidRequest
+from render_service.protocol.sampling import SamplingRequest
+from render_service.validation import stop_strings
+
+STREAM_STOP_STRINGS = (
+    "stop strings are not supported by streaming derender because text already sent cannot be cut. "
+    "Use non-streaming derender or output_mode=text on /inference/v1/generate which holds stop "
+    "strings back."
+)
+
+
+class StopStrings(NamedTuple):
+    """A batch request's stop strings and ``min_tokens`` (no stop string ends the text before)."""
+
+    strings: list[str]
+    min_tokens: int = 0
+
+    @classmethod
+    def of(cls, request: SamplingRequest | None) -> StopStrings:
+        """A request's stop strings (none without a request)."""
+        if request is None:
+            return cls([])
+        return cls(stop_strings(request.stop), request.min_tokens)
+
+
+def refuse_in_stream(stop: str | list[str] | None) -> None:
+    """Streaming derender cannot honour stop strings: refuse a request that has some."""
+    if stop_strings(stop):
+        raise InvalidRequest(STREAM_STOP_STRINGS)
+
 
 def stop_string_cut(
     text: str,

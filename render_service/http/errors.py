@@ -9,27 +9,30 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from render_service.errors import LimitExceeded, RenderServiceError, RequestTimeout, Unauthorized
 from render_service.http.auth import ApiKey
 from render_service.http.responses import MsgspecResponse
+from render_service.protocol.server import (
+    DetailResponse,
+    ErrorInfo,
+    ErrorResponse,
+    UnauthorizedResponse,
+)
 
 log = logging.getLogger("render_service")
 Handler = Callable[[Request], Awaitable[Response]]
+_UNDECODABLE = DetailResponse(detail="There was an error parsing the body")
+_INTERNAL = ErrorResponse(
+    error=ErrorInfo(message="Internal server error", type="InternalServerError", code=500)
+)
 
 
 def error_response(exc: RenderServiceError) -> Response:
     """vLLM's error body, with the HTTP status equal to ``error.code``."""
-    body = {
-        "error": {
-            "message": exc.message,
-            "type": exc.error_type,
-            "param": exc.param,
-            "code": exc.status,
-        }
-    }
-    return MsgspecResponse(body, status_code=exc.status)
+    info = ErrorInfo(message=exc.message, type=exc.error_type, param=exc.param, code=exc.status)
+    return MsgspecResponse(ErrorResponse(error=info), status_code=exc.status)
 
 
 def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Handler:
@@ -52,9 +55,9 @@ def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Hand
                 )
             )
         except Unauthorized:
-            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return MsgspecResponse(UnauthorizedResponse(), status_code=401)
         except UnicodeDecodeError:
-            return JSONResponse({"detail": "There was an error parsing the body"}, status_code=400)
+            return MsgspecResponse(_UNDECODABLE, status_code=400)
         except RenderServiceError as exc:
             return error_response(exc)
         except RecursionError:  # nesting deep enough to exhaust Python's stack somewhere
@@ -63,14 +66,6 @@ def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Hand
             )
         except Exception:
             log.exception("unhandled error on %s", request.url.path)
-            body = {
-                "error": {
-                    "message": "Internal server error",
-                    "type": "InternalServerError",
-                    "param": None,
-                    "code": 500,
-                }
-            }
-            return MsgspecResponse(body, status_code=500)
+            return MsgspecResponse(_INTERNAL, status_code=500)
 
     return endpoint

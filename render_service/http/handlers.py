@@ -30,6 +30,7 @@ from render_service.protocol.derender import (
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
 )
+from render_service.protocol.server import ModelCard, ModelList, VersionResponse
 from render_service.protocol.tokenize import (
     DetokenizeRequest,
     TokenizeChatRequest,
@@ -60,6 +61,7 @@ class _StreamFlag(msgspec.Struct):
 
 _stream_flag_decoder = msgspec.json.Decoder(_StreamFlag)
 _OPENAPI = msgspec.json.encode(openapi_document())
+_VERSION = VersionResponse(version=__version__)
 
 
 class Service:
@@ -199,17 +201,13 @@ class Service:
 
     async def models(self, request: Request) -> Response:
         info = self.renderer.model.info
-        card = {
-            "id": info.served_model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "vllm",
-            "root": self.settings.model,
-            "parent": None,
-            "max_model_len": info.max_model_len,
-            "permission": [],
-        }
-        return MsgspecResponse({"object": "list", "data": [card]})
+        card = ModelCard(
+            id=info.served_model_name,
+            created=self.created,
+            root=self.settings.model,
+            max_model_len=info.max_model_len,
+        )
+        return MsgspecResponse(ModelList(data=[card]))
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
@@ -219,7 +217,7 @@ class Service:
         return Response(status_code=503 if lifecycle.draining() else 200)
 
     async def version(self, request: Request) -> Response:
-        return MsgspecResponse({"version": __version__})
+        return MsgspecResponse(_VERSION)
 
     async def openapi(self, request: Request) -> Response:
         return Response(_OPENAPI, media_type="application/json")

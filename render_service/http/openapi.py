@@ -1,30 +1,40 @@
 """The OpenAPI 3.1 document served at ``GET /openapi.json``, generated from the msgspec wire schemas.
 
-The request schemas are the very Structs the handlers decode with, so the document cannot drift
-from what the server accepts. Responses the handlers build as plain dicts get small Structs here
-that exist only to describe them.
+Request and response schemas are the very Structs the handlers decode and encode with, so the
+document cannot drift from what the server accepts and answers.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from render_service import __version__
-from render_service.protocol.chat import ChatCompletionRequest
-from render_service.protocol.completions import CompletionRequest
+from render_service.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from render_service.protocol.completions import CompletionRequest, CompletionResponse
 from render_service.protocol.derender import (
+    ChatDerenderChunk,
+    ChatDerenderChunks,
+    CompletionDerenderChunk,
     DerenderChatRequest,
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
 )
 from render_service.protocol.generate import GenerateRequest
+from render_service.protocol.server import (
+    ErrorResponse,
+    ModelList,
+    UnauthorizedResponse,
+    VersionResponse,
+)
 from render_service.protocol.tokenize import (
     DetokenizeRequest,
+    DetokenizeResponse,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    TokenizeResponse,
 )
 
 __all__ = ["openapi_document"]
@@ -32,101 +42,47 @@ __all__ = ["openapi_document"]
 _REF = "#/components/schemas/{name}"
 
 
-class ErrorInfo(msgspec.Struct):
-    message: str
-    type: str
-    param: str | None
-    code: int
-
-
-class ErrorResponse(msgspec.Struct):
-    """vLLM's error body; the HTTP status equals ``error.code``."""
-
-    error: ErrorInfo
-
-
-class TokenizeResponse(msgspec.Struct):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: list[str] | None
-
-
-class DetokenizeResponse(msgspec.Struct):
-    prompt: str
-
-
-class ModelCard(msgspec.Struct):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    root: str
-    parent: str | None
-    max_model_len: int
-    permission: list[Any]
-
-
-class ModelList(msgspec.Struct):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
-class Version(msgspec.Struct):
-    version: str
-
-
-class DerenderResponse(msgspec.Struct):
-    """A ChatCompletion/Completion, or one chunk plus ``stream_state`` (see the vLLM contract)."""
-
-    id: str
-    object: str
-    created: int
-    model: str
-    choices: list[dict[str, Any]]
-
-
-# (path, method, summary, request types (one of), response type or None for an empty 200)
-_OPERATIONS: tuple[tuple[str, str, str, tuple[Any, ...], Any], ...] = (
+# (path, method, summary, request types (one of), response types (one of; none: an empty 200))
+_OPERATIONS: tuple[tuple[str, str, str, tuple[Any, ...], tuple[Any, ...]], ...] = (
     (
         "/v1/chat/completions/render",
         "post",
         "Render a chat request to token ids",
         (ChatCompletionRequest,),
-        GenerateRequest,
+        (GenerateRequest,),
     ),
     (
         "/v1/completions/render",
         "post",
         "Render a completion request to token ids",
         (CompletionRequest,),
-        list[GenerateRequest],
+        (list[GenerateRequest],),
     ),
     (
         "/v1/chat/completions/derender",
         "post",
         "Turn generated token ids into a chat completion or one stream chunk",
         (DerenderChatRequest, DerenderChatStreamRequest),
-        DerenderResponse,
+        (ChatCompletionResponse, ChatDerenderChunk, ChatDerenderChunks),
     ),
     (
         "/v1/completions/derender",
         "post",
         "Turn generated token ids into a completion or one stream chunk",
         (DerenderCompletionRequest, DerenderCompletionStreamRequest),
-        DerenderResponse,
+        (CompletionResponse, CompletionDerenderChunk),
     ),
     (
         "/tokenize",
         "post",
         "Tokenize a prompt or a chat",
         (TokenizeCompletionRequest, TokenizeChatRequest),
-        TokenizeResponse,
+        (TokenizeResponse,),
     ),
-    ("/detokenize", "post", "Decode token ids", (DetokenizeRequest,), DetokenizeResponse),
-    ("/v1/models", "get", "The served model", (), ModelList),
-    ("/version", "get", "Server version", (), Version),
-    ("/health", "get", "Liveness", (), None),
+    ("/detokenize", "post", "Decode token ids", (DetokenizeRequest,), (DetokenizeResponse,)),
+    ("/v1/models", "get", "The served model", (), (ModelList,)),
+    ("/version", "get", "Server version", (), (VersionResponse,)),
+    ("/health", "get", "Liveness", (), ()),
 )
 _ERROR_STATUSES = {
     "400": "Invalid request, schema mismatch, or a server limit (the message names the flag)",
@@ -144,16 +100,16 @@ def _schema_for(types: tuple[Any, ...], schemas: list[dict[str, Any]]) -> dict[s
 
 def openapi_document() -> dict[str, Any]:
     """The whole document as builtins, ready to encode."""
-    all_types: list[Any] = [ErrorResponse]
-    for _, _, _, requests, response in _OPERATIONS:
+    all_types: list[Any] = [ErrorResponse, UnauthorizedResponse]
+    for _, _, _, requests, responses in _OPERATIONS:
         all_types.extend(requests)
-        if response is not None:
-            all_types.append(response)
+        all_types.extend(responses)
     schemas, components = msgspec.json.schema_components(all_types, ref_template=_REF)
     queue = list(schemas)
     error_schema = queue.pop(0)
+    unauthorized_schema = queue.pop(0)
     paths: dict[str, Any] = {}
-    for path, method, summary, requests, response in _OPERATIONS:
+    for path, method, summary, requests, responses in _OPERATIONS:
         operation: dict[str, Any] = {"summary": summary, "operationId": summary.replace(" ", "_")}
         if requests:
             operation["requestBody"] = {
@@ -161,15 +117,15 @@ def openapi_document() -> dict[str, Any]:
                 "content": {"application/json": {"schema": _schema_for(requests, queue)}},
             }
         ok: dict[str, Any] = {"description": "OK"}
-        if response is not None:
-            ok["content"] = {"application/json": {"schema": queue.pop(0)}}
+        if responses:
+            ok["content"] = {"application/json": {"schema": _schema_for(responses, queue)}}
         errors = {
             status: {
                 "description": text,
                 # vLLM answers 401 with {"error": "Unauthorized"}, not the ErrorResponse shape.
                 "content": {
                     "application/json": {
-                        "schema": {"type": "object"} if status == "401" else error_schema
+                        "schema": unauthorized_schema if status == "401" else error_schema
                     }
                 },
             }

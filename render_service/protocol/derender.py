@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from render_service.protocol._base import Body
+from render_service.protocol.chat import ChatCompletionStreamResponse
+from render_service.protocol.completions import CompletionStreamResponse
 from render_service.protocol.logprobs import GenerateLogProbs
 
 # Ids are 32-bit in every tokenizer and engine; a larger one is refused at the schema (vLLM would
@@ -116,3 +118,27 @@ class VllmStreamState(msgspec.Struct, kw_only=True):
     )
     tools_streamed: bool = False
     last_tool_call_ids: list[str] = msgspec.field(default_factory=list)
+
+
+class ChatDerenderChunk(msgspec.Struct, kw_only=True):
+    """A streaming chat derender answer: the chunk and the state to send with the next call.
+
+    ``stream_state`` is our signed token, or what the client sent when the chunk had no choice.
+    """
+
+    chunk: ChatCompletionStreamResponse
+    stream_state: Any = None
+
+
+class ChatDerenderChunks(msgspec.Struct, kw_only=True):
+    """Ours: the answer to ``generate_chunks``, one derendered chunk each and the final state."""
+
+    chunks: list[ChatCompletionStreamResponse]
+    stream_state: Any = None
+
+
+class CompletionDerenderChunk(msgspec.Struct, kw_only=True):
+    """A streaming completions derender answer: the chunk and the state for the next call."""
+
+    chunk: CompletionStreamResponse
+    stream_state: Any = None

@@ -1,4 +1,4 @@
-"""Bodies of /tokenize and /detokenize (vLLM's ServingTokenization)."""
+"""Bodies and answers of /tokenize and /detokenize (vLLM's ServingTokenization)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,14 @@ class TokenizeChatRequest(Body):
 class DetokenizeRequest(Body):
     tokens: list[Annotated[int, msgspec.Meta(ge=0)]]
     model: str | None = None
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str

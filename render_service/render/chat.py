@@ -14,7 +14,11 @@ from render_service.protocol.generate import GenerateRequest, ParseContext, Reas
 from render_service.protocol.tokenize import TokenizeChatRequest
 from render_service.render.prompt import Prompt
 from render_service.render.request_checks import base_request_id, check_chat_request
-from render_service.render.sampling import request_sampling_params, structured_outputs
+from render_service.render.sampling import (
+    request_sampling_params,
+    stream_options,
+    structured_outputs,
+)
 from render_service.validation import convert
 
 if TYPE_CHECKING:
@@ -112,11 +116,7 @@ def render_chat(
         return_token_ids=request.return_token_ids,
         parse_context=parse_context,
         stream=bool(request.stream),
-        stream_options=(
-            msgspec.to_builtins(request.stream_options)
-            if request.stream and request.stream_options is not None
-            else None
-        ),
+        stream_options=stream_options(request),
         cache_salt=request.cache_salt,
         priority=request.priority,
         kv_transfer_params=kv_params,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import msgspec
-
 from render_service.errors import InvalidRequest, SchemaError, invalid_param
 from render_service.protocol.completions import CompletionRequest
 from render_service.protocol.generate import GenerateRequest
 from render_service.render.prompt import Prompt
 from render_service.render.request_checks import base_request_id, check_cache_salt
-from render_service.render.sampling import request_sampling_params, structured_outputs
+from render_service.render.sampling import (
+    request_sampling_params,
+    stream_options,
+    structured_outputs,
+)
 from render_service.validation import convert, stop_strings
 
 if TYPE_CHECKING:
@@ -71,11 +73,7 @@ def render_completion(
                 model=request.model,
                 return_token_ids=request.return_token_ids,
                 stream=bool(request.stream),
-                stream_options=(
-                    msgspec.to_builtins(request.stream_options)
-                    if request.stream and request.stream_options is not None
-                    else None
-                ),
+                stream_options=stream_options(request),
                 cache_salt=request.cache_salt,
                 priority=request.priority,
                 kv_transfer_params=request.kv_transfer_params,

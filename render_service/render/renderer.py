@@ -18,8 +18,10 @@ from render_service.protocol.completions import CompletionRequest
 from render_service.protocol.generate import GenerateRequest
 from render_service.protocol.tokenize import (
     DetokenizeRequest,
+    DetokenizeResponse,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    TokenizeResponse,
 )
 from render_service.render import chat, completion
 from render_service.render.prompt import PromptEncoder
@@ -101,8 +103,8 @@ class Renderer:
         self,
         request: TokenizeChatRequest | TokenizeCompletionRequest,
         media: MediaBatch | None = None,
-    ) -> dict[str, Any]:
-        """``media``: the chat's images already processed, as for ``render_chat``."""
+    ) -> TokenizeResponse:
+        """The prompt's ids (``media``: the chat's images already processed, as for render)."""
         self.model.check_name(request.model)
         if isinstance(request, TokenizeChatRequest):
             if request.continue_final_message and request.add_generation_prompt:
@@ -122,15 +124,16 @@ class Renderer:
             if request.return_token_strs
             else None
         )
-        return {
-            "count": len(ids),
-            "max_model_len": self.model.info.max_model_len,
-            "tokens": ids,
-            "token_strs": strs,
-        }
+        return TokenizeResponse(
+            count=len(ids),
+            max_model_len=self.model.info.max_model_len,
+            tokens=ids,
+            token_strs=strs,
+        )
 
-    def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        """The text of the ids (ids outside the vocabulary are dropped, as vLLM's HF path does)."""
         self.model.check_name(request.model)
         vocab = self.model.vocab_size
         ids = [t for t in request.tokens if t < vocab]
-        return {"prompt": self.model.decode(ids, skip_special_tokens=False)}
+        return DetokenizeResponse(prompt=self.model.decode(ids, skip_special_tokens=False))

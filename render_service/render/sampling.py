@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from render_service.errors import InvalidRequest, invalid_param
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
@@ -275,3 +277,11 @@ def request_sampling_params(
         thinking_token_budget=getattr(request, "thinking_token_budget", None),
         repetition_detection=request.repetition_detection,
     )
+
+
+def stream_options(request: ChatCompletionRequest | CompletionRequest) -> dict[str, Any] | None:
+    """The request's ``stream_options`` as the GenerateRequest carries them: only when streaming."""
+    if request.stream and request.stream_options is not None:
+        options: dict[str, Any] = msgspec.to_builtins(request.stream_options)
+        return options
+    return None

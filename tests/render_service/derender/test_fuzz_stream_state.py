@@ -96,7 +96,7 @@ def chunk(ids: list[int], state: Any, *, first: bool) -> DerenderChatStreamReque
 
 def only_4xx(derenderer: Derenderer, request: DerenderChatStreamRequest) -> dict[str, Any] | None:
     try:
-        return derenderer.derender_chat_stream(request)
+        return msgspec.to_builtins(derenderer.derender_chat_stream(request))
     except RenderServiceError as exc:
         assert 400 <= exc.status < 500
         return None

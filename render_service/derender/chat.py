@@ -1,0 +1,308 @@
+"""Chat derender: generate output -> a ChatCompletion (batch) or one chunk per generate chunk
+(streaming), through the per-choice machine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from parsers import ChatParser, ParseRequest
+from render_service.derender import logprobs as lp
+from render_service.derender.assembly import chunk_usage, delta_parts, message_parts, now
+from render_service.derender.machine import ChoiceState, OutputOptions
+from render_service.derender.stop_strings import StopStrings, refuse_in_stream
+from render_service.derender.streams import check_same_stream
+from render_service.errors import InvalidRequest, SchemaError
+from render_service.model.parser_setup import resolve_tool_choice
+from render_service.model.templating import template_kwargs
+from render_service.protocol.chat import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    DeltaMessage,
+    ToolCall,
+)
+from render_service.protocol.derender import (
+    ChatDerenderChunk,
+    ChatDerenderChunks,
+    DerenderChatRequest,
+    DerenderChatStreamRequest,
+    GenerateChoice,
+    GenerateChunk,
+)
+from render_service.protocol.usage import UsageInfo
+from render_service.validation import convert
+
+if TYPE_CHECKING:
+    from render_service.derender.derenderer import Derenderer
+
+MISSING_CHAT_REQUEST = (
+    "chat_request is required when a tool or reasoning parser is configured because plain "
+    "detokenization would leak raw parser markup into content."
+)
+MISSING_PROMPT_IDS = (
+    "prompt_token_ids is required when a tool or reasoning parser is configured. Without it "
+    "parse_delta cannot tell whether the prompt left reasoning open (e.g. a chat template that "
+    "pre-opens <think>) and would misclassify reasoning content as plain content."
+)
+
+
+def derender_chat(d: Derenderer, body: DerenderChatRequest) -> ChatCompletionResponse:
+    """Non-streaming chat derender: vLLM's ChatCompletionResponse."""
+    d.model.check_name(body.model)
+    response = body.generate_response
+    d.machine.check_bounds(response.choices, body.prompt_token_ids)
+    request = _chat_request(body.chat_request)
+    if d.machine.has_parser and request is None:
+        raise InvalidRequest(MISSING_CHAT_REQUEST)
+    options = _options(d, request)
+    parse_request = _parse_request(d, request) if request is not None else None
+    prompt_ids = body.prompt_token_ids or response.prompt_token_ids or []
+    # vLLM gives the parser only the generate response's prompt ids (a known asymmetry).
+    parser_prompt = response.prompt_token_ids or []
+    stops = StopStrings.of(request)
+    choices = []
+    completion_tokens = 0
+    for choice in response.choices:
+        if not choice.token_ids:
+            raise InvalidRequest(f"choice {choice.index} has empty or null token_ids")
+        completion_tokens += len(choice.token_ids)
+        state = d.machine.start(
+            response.request_id,
+            choice.index,
+            prompt_ids,
+            options,
+            parse_request,
+            parser_prompt=parser_prompt,
+            stream=False,
+        )
+        parser = d.machine.parser(parse_request)
+        choices.append(_message_choice(d, state, choice, parser, stops))
+    return ChatCompletionResponse(
+        id=response.request_id,
+        created=now(),
+        model=body.model or d.model_name,
+        choices=choices,
+        usage=UsageInfo.of(body.prompt_tokens or 0, completion_tokens),
+        prompt_logprobs=response.prompt_logprobs,
+        prompt_token_ids=(
+            response.prompt_token_ids if request is not None and request.return_token_ids else None
+        ),
+        kv_transfer_params=response.kv_transfer_params,
+        metrics=response.metrics,
+    )
+
+
+def _message_choice(
+    d: Derenderer,
+    state: ChoiceState,
+    choice: GenerateChoice,
+    parser: ChatParser | None,
+    stops: StopStrings,
+) -> ChatCompletionResponseChoice:
+    options = state.options
+    result = d.machine.step(state, choice, parser, finished=True, stops=stops)
+    finish_reason = "stop" if result.stopped else (choice.finish_reason or "stop")
+    reasoning: str | None = None
+    content: str | None = result.text
+    calls: list[ToolCall] = []
+    if parser is not None:
+        reasoning, content, calls = message_parts(
+            result.events, state.request_id, choice.index, options
+        )
+        if content is None and not calls and parser.reasoning is None:
+            content = ""  # vLLM: without a reasoning parser the whole (empty) text is content
+        if calls and finish_reason == "stop" and not options.named_tool:
+            finish_reason = "tool_calls"
+    hide = parser is not None and not options.include_reasoning
+    return ChatCompletionResponseChoice(
+        index=choice.index,
+        message=ChatMessage(
+            content=content, tool_calls=calls or msgspec.UNSET, reasoning=reasoning
+        ),
+        logprobs=None if hide else d.machine.chat_logprobs(choice, options, ())[0],
+        finish_reason=finish_reason,
+        stop_reason=result.stop_reason,
+        token_ids=choice.token_ids if options.return_token_ids and not hide else None,
+    )
+
+
+def derender_chat_stream(
+    d: Derenderer, body: DerenderChatStreamRequest
+) -> ChatDerenderChunk | ChatDerenderChunks:
+    """Streaming chunks of one choice: the chunk and the state for the next call.
+
+    With ``generate_chunks`` (several generate chunks of one choice, in order) the answer holds
+    one derendered chunk each and one state at the end.
+    """
+    d.model.check_name(body.model)
+    chunks = _stream_chunks(body.generate_chunk, body.generate_chunks)
+    request = _chat_request(body.chat_request)
+    if request is not None:
+        refuse_in_stream(request.stop)
+    token = body.stream_state
+    state: ChoiceState | None = None
+    outs = []
+    finished = False
+    for chunk in chunks:
+        if len(chunk.choices) > 1:
+            raise InvalidRequest(
+                "derender_chat_stream expects at most one choice per chunk "
+                f"(got {len(chunk.choices)})."
+            )
+        if not chunk.choices:
+            outs.append(_stream_response(d, body, chunk, [], request))
+            continue
+        if state is None:
+            fresh = partial(_fresh_state, d, chunk, request, body.prompt_token_ids)
+            state = d.streams.load(token, chunk, fresh)
+        else:
+            check_same_stream(state, chunk)
+        choice, state = _stream_choice(d, chunk, state)
+        finished = chunk.choices[0].finish_reason is not None
+        outs.append(_stream_response(d, body, chunk, [choice], request))
+    if state is not None:
+        token = d.streams.store(state, finished)
+    if body.generate_chunks is not None:
+        return ChatDerenderChunks(chunks=outs, stream_state=token)
+    return ChatDerenderChunk(chunk=outs[0], stream_state=token)
+
+
+def _fresh_state(
+    d: Derenderer,
+    chunk: GenerateChunk,
+    request: ChatCompletionRequest | None,
+    prompt_ids: list[int] | None,
+) -> ChoiceState:
+    if d.machine.has_parser and request is None:
+        raise InvalidRequest(MISSING_CHAT_REQUEST)
+    if d.machine.has_parser and prompt_ids is None:
+        raise InvalidRequest(MISSING_PROMPT_IDS)
+    ids = prompt_ids if prompt_ids is not None else (chunk.prompt_token_ids or [])
+    parse_request = _parse_request(d, request) if request is not None else None
+    return d.machine.start(
+        chunk.request_id, chunk.choices[0].index, ids, _options(d, request), parse_request
+    )
+
+
+def _stream_choice(
+    d: Derenderer, chunk: GenerateChunk, state: ChoiceState
+) -> tuple[ChatCompletionResponseStreamChoice, ChoiceState]:
+    """One generate chunk of one choice -> the OpenAI stream choice and the next state."""
+    choice = chunk.choices[0]
+    d.machine.check_chunk_length(state, choice)
+    parser = d.machine.parser(state.parse_request)
+    finished = choice.finish_reason is not None
+    result = d.machine.step(state, choice, parser, finished=finished)
+    options = state.options
+    reasoning, content, calls = delta_parts(result.events, chunk.request_id, choice.index, options)
+    if parser is None:
+        content = result.text or None
+    finish_reason = choice.finish_reason
+    parser_state = result.state.parser
+    if (
+        finished
+        and parser_state is not None
+        and parser_state.tools_emitted
+        and finish_reason == "stop"
+        and not options.named_tool
+    ):
+        finish_reason = "tool_calls"
+    hide = parser is not None and not options.include_reasoning
+    logprobs, context = d.machine.chat_logprobs(choice, options, state.logprob_context)
+    out = ChatCompletionResponseStreamChoice(
+        index=choice.index,
+        delta=DeltaMessage(
+            role=None if state.role_sent else "assistant",
+            content=content,
+            reasoning=reasoning,
+            tool_calls=calls or msgspec.UNSET,
+        ),
+        logprobs=None if hide else logprobs,
+        finish_reason=finish_reason,
+        stop_reason=result.stop_reason,
+        token_ids=choice.token_ids if options.return_token_ids and not hide else None,
+        weight_versions=choice.weight_versions,
+    )
+    return out, msgspec.structs.replace(result.state, role_sent=True, logprob_context=context)
+
+
+def _stream_response(
+    d: Derenderer,
+    body: DerenderChatStreamRequest,
+    chunk: GenerateChunk,
+    choices: list[ChatCompletionResponseStreamChoice],
+    request: ChatCompletionRequest | None,
+) -> ChatCompletionStreamResponse:
+    return_ids = request is not None and request.return_token_ids
+    return ChatCompletionStreamResponse(
+        id=chunk.request_id,
+        created=now(),
+        model=body.model or d.model_name,
+        choices=choices,
+        usage=chunk_usage(body.prompt_tokens, chunk),
+        prompt_token_ids=chunk.prompt_token_ids if return_ids else None,
+        metrics=chunk.metrics,
+    )
+
+
+def _chat_request(raw: dict[str, Any] | None) -> ChatCompletionRequest | None:
+    if raw is None:
+        return None
+    return convert(raw, ChatCompletionRequest, "body.chat_request")
+
+
+def _options(d: Derenderer, request: ChatCompletionRequest | None) -> OutputOptions:
+    has_parser = d.machine.has_parser
+    if request is None:
+        return OutputOptions(skip_special_tokens=not has_parser)
+    choice = resolve_tool_choice(request)
+    skip = request.skip_special_tokens if request.skip_special_tokens is not None else True
+    return OutputOptions(
+        skip_special_tokens=False if has_parser else skip,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        stop_token_ids=tuple(request.stop_token_ids or ()),
+        logprob_limit=lp.chat_top_limit(
+            request.logprobs, request.top_logprobs, request.logprob_token_ids
+        ),
+        return_token_ids=bool(request.return_token_ids),
+        include_reasoning=request.include_reasoning,
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+        forced_tools=choice == "required" or isinstance(choice, dict),
+        named_tool=isinstance(choice, dict),
+    )
+
+
+def _parse_request(d: Derenderer, request: ChatCompletionRequest) -> ParseRequest | None:
+    parsing = d.machine.parsing
+    if parsing is None:
+        return None
+    tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
+    return parsing.parse_request(
+        {
+            "tools": tools,
+            "tool_choice": resolve_tool_choice(request),
+            "parallel_tool_calls": request.parallel_tool_calls,
+            "include_reasoning": request.include_reasoning,
+            "chat_template_kwargs": template_kwargs(request, d.settings),
+            "history_tool_call_cnt": 0,
+        }
+    )
+
+
+def _stream_chunks(
+    one: GenerateChunk | None, several: list[GenerateChunk] | None
+) -> Sequence[GenerateChunk]:
+    if (one is None) == (several is None) or several == []:
+        raise SchemaError(
+            "1 validation error:\n  {'loc': 'body.generate_chunk', 'msg': 'Give exactly one of "
+            "generate_chunk and a non-empty generate_chunks'}",
+            "body.generate_chunk",
+        )
+    return [one] if one is not None else list(several or [])
