@@ -105,6 +105,16 @@ class MultimodalContent(InvalidRequest):
         super().__init__("image content in a text-only render path", path)
 
 
+# The message fields vLLM's conversation keeps (parse_chat_message_content); others, such
+# as DeepSeek's assistant `prefix`, never reach the template.
+_ANY_ROLE_KEYS = frozenset({"name", "task"})
+_PASSED_KEYS: dict[Any, frozenset[str]] = {
+    "assistant": _ANY_ROLE_KEYS | {"tool_calls", "reasoning"},
+    "tool": _ANY_ROLE_KEYS | {"tool_call_id"},
+    "developer": _ANY_ROLE_KEYS | {"tools"},
+}
+
+
 def build_conversation(
     messages: list[dict[str, Any]],
     content_format: ContentFormat,
@@ -142,12 +152,14 @@ def build_conversation(
         else:
             out["content"] = content
         for key, value in message.items():
-            if key in ("role", "content"):
-                continue
             if key == "reasoning_content":
                 key = "reasoning"
+            if key not in _PASSED_KEYS.get(role, _ANY_ROLE_KEYS):
+                continue
             if key == "tool_calls" and isinstance(value, list):
                 value = [_template_tool_call(call) for call in value]
+            if key in ("name", "task") and not isinstance(value, str):
+                continue
             if value is not None:
                 out[key] = value
         if role == "assistant" and "reasoning" in out:
