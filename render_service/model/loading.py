@@ -71,6 +71,11 @@ def resolve_model_path(model: str) -> Path:
         ) from exc
 
 
+_UNSCALED_ROPE_TYPES = frozenset(
+    {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+)
+
+
 def _max_model_len(config: dict[str, Any]) -> int:
     text_config = config.get("text_config") or {}
     values = [
@@ -83,11 +88,13 @@ def _max_model_len(config: dict[str, Any]) -> int:
         return 2048
     length = min(values)
     scaling = config.get("rope_scaling") or {}
-    if isinstance(scaling, dict) and scaling.get("type", scaling.get("rope_type")) in (
-        "yarn",
-        "dynamic",
+    # vLLM scales the context by the RoPE factor except for the types whose factor already
+    # describes max_position_embeddings (YaRN: DeepSeek-V3.1 and gpt-oss stay at 163840 and 131072).
+    if (
+        isinstance(scaling, dict)
+        and scaling.get("type", scaling.get("rope_type")) not in _UNSCALED_ROPE_TYPES
     ):
-        length = int(length * float(scaling.get("factor", 1.0)))
+        length = int(length * float(scaling.get("factor") or 1.0))
     return length
 
 
