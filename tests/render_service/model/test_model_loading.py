@@ -76,3 +76,25 @@ def test_max_model_len_flag_bounds_the_context(model_dir: Path) -> None:
     assert renderer.model.info.max_model_len == 64
     rendered = renderer.render_chat({"messages": [{"role": "user", "content": "hi"}]})
     assert rendered.sampling_params["max_tokens"] == 64 - len(rendered.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("rope_scaling", "expected"),
+    [
+        (None, 4096),
+        ({"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}, 4096),
+        ({"rope_type": "llama3", "factor": 8.0}, 4096),
+        ({"type": "dynamic", "factor": 2.0}, 8192),
+        ({"rope_type": "linear", "factor": 4}, 16384),
+        ({"type": "mrope", "mrope_section": [16, 24, 24]}, 4096),
+    ],
+)
+def test_context_length_scales_by_rope_factor_as_vllm_does(
+    rope_scaling: dict[str, object] | None, expected: int
+) -> None:
+    # vLLM 0.33 leaves YaRN, llama3 and longrope contexts at max_position_embeddings
+    # (DeepSeek-V3.1 renders max_tokens against 163840, not 163840 x 40).
+    from render_service.model.loading import _max_model_len
+
+    config = {"max_position_embeddings": 4096, "rope_scaling": rope_scaling}
+    assert _max_model_len(config) == expected
