@@ -18,7 +18,9 @@ from parsers.request import ParseRequest
 __all__ = [
     "RenderAdjustments",
     "TagSpelling",
+    "constrained_functions",
     "json_call_format",
+    "json_content",
     "tool_tags_format",
 ]
 
@@ -62,9 +64,9 @@ def tool_tags_format(
 ) -> str | None:
     """Structural tag JSON for a request with tools, or None when vLLM adds none.
 
-    Which functions and how strictly: see `_constrained_functions`.
+    Which functions and how strictly: see `constrained_functions`.
     """
-    constrained = _constrained_functions(request, strict_level)
+    constrained = constrained_functions(request, strict_level)
     if constrained is None:
         return None
     functions, level = constrained
@@ -72,7 +74,7 @@ def tool_tags_format(
     parallel = request.parallel_tool_calls is not False
     tags: list[dict[str, Any]] = []
     for function in functions:
-        content = _json_content(function, level)
+        content = json_content(function, level)
         name = str(function.get("name", ""))
         for spelling in spellings:
             tags.append(
@@ -116,7 +118,7 @@ def json_call_format(
     A named tool choice is the one tag itself; "auto" and "required" are triggered tags
     (at least one for "required"); `parallel_tool_calls=false` stops after the first.
     """
-    constrained = _constrained_functions(request, strict_level)
+    constrained = constrained_functions(request, strict_level)
     if constrained is None:
         return None
     functions, level = constrained
@@ -125,7 +127,7 @@ def json_call_format(
         {
             "type": "tag",
             "begin": spelling.begin.replace("{name}", str(function.get("name", ""))),
-            "content": _json_content(function, level),
+            "content": json_content(function, level),
             "end": spelling.end,
         }
         for function in functions
@@ -144,7 +146,7 @@ def json_call_format(
     return json.dumps({"type": "structural_tag", "format": fmt})
 
 
-def _constrained_functions(
+def constrained_functions(
     request: ParseRequest, strict_level: str
 ) -> tuple[list[dict[str, Any]], str] | None:
     """The functions a structural tag must cover and the resolved strict level, or None.
@@ -168,7 +170,7 @@ def _constrained_functions(
     return functions, level
 
 
-def _json_content(function: dict[str, Any], level: str) -> dict[str, Any]:
+def json_content(function: dict[str, Any], level: str) -> dict[str, Any]:
     return {
         "type": "json_schema",
         "json_schema": _schema(function, level),
