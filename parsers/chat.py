@@ -221,6 +221,7 @@ class ChatParser(msgspec.Struct, frozen=True):
             )
         events: list[Event] = []
         phase = state.phase
+        began_in = state.call
         for marker, piece in split_at_markers(token_ids, text, self.spellings):
             if marker is None:
                 state = self._text(state, piece, events)
@@ -239,8 +240,20 @@ class ChatParser(msgspec.Struct, frozen=True):
             if not lone_marker:
                 if state.phase == REASONING:
                     self._emit(ReasoningDelta(""), events)
-                elif state.phase == CONTENT and not self._drops_text(state):
+                elif (
+                    state.phase == CONTENT
+                    and self.reasoning.answer_empty_deltas
+                    and not self._drops_text(state)
+                ):
                     events.append(ContentDelta(""))
+        if (
+            self.tools_active
+            and self.tools is not None
+            and state.phase != REASONING
+            and not any(isinstance(e, ContentDelta) for e in events)
+            and self.tools.chunk_content(began_in, token_ids)
+        ):
+            events.append(ContentDelta(""))
         return state, events
 
     def finish(self, state: ChatState) -> tuple[ChatState, list[Event]]:
@@ -268,7 +281,12 @@ class ChatParser(msgspec.Struct, frozen=True):
     def _legacy_end(self, marker: int) -> bool:
         """An end-of-reasoning token under vLLM's legacy streaming (see `empty_deltas`)."""
         reasoning = self.reasoning
-        return reasoning is not None and reasoning.empty_deltas and marker == reasoning.end_id
+        return (
+            reasoning is not None
+            and reasoning.empty_deltas
+            and reasoning.answer_empty_deltas
+            and marker == reasoning.end_id
+        )
 
     def _emit(self, event: Event, events: list[Event]) -> None:
         if self.request.include_reasoning or not isinstance(event, ReasoningDelta):

@@ -84,6 +84,9 @@ class ReasoningFamily(msgspec.Struct, frozen=True):
     #: yields an empty delta for it, and a chunk that crosses the end token always reports the
     #: reasoning part before it, even when empty. Only a lone marker token yields nothing.
     empty_deltas: bool = False
+    #: With `empty_deltas`, whether the answer side follows the legacy streaming too (the empty
+    #: reasoning part of a crossing chunk, `content: ""` for an answer chunk without text).
+    answer_empty_deltas: bool = True
     #: The family's adjust_request sets skip_special_tokens=False (engine-based parsers do).
     keeps_special_tokens: bool = False
     #: Ids that end a turn; the prompt look-back stops there.
@@ -189,6 +192,12 @@ class ToolFamily(msgspec.Struct, frozen=True):
     def structural_tag(self, request: ParseRequest, strict_level: str) -> str | None:
         """vLLM's `structured_outputs.structural_tag` for this request, byte for byte, or None."""
         return None
+
+    def chunk_content(self, began_in: FamilyState | None, token_ids: Sequence[int]) -> bool:
+        """Whether vLLM's streaming answers this answer chunk with content even when it has
+        no text (`content: ""`), while tools are in play; `began_in` is the family's state
+        when the chunk began (None outside any). Default: never."""
+        return False
 
     def render_adjustments(self, request: ParseRequest, strict_level: str) -> RenderAdjustments:
         """What vLLM's adjust_request changes for this family (tools in play only)."""

@@ -12,8 +12,8 @@ import msgspec
 from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
 from parsers.family import ChatFamily, Family, FamilyState, ReasoningFamily, ToolFamily
-from parsers.reasoning import deepseek_r1, qwen3
-from parsers.tools import hermes, llama3_json, qwen3_coder
+from parsers.reasoning import deepseek_r1, deepseek_v3, qwen3
+from parsers.tools import deepseek_v31, hermes, llama3_json, qwen3_coder
 
 __all__ = [
     "FAMILIES",
@@ -39,11 +39,13 @@ class ParserFamily(msgspec.Struct, frozen=True):
 FAMILIES: tuple[ParserFamily, ...] = (
     ParserFamily("qwen3", "reasoning", qwen3.build),
     ParserFamily("deepseek_r1", "reasoning", deepseek_r1.build),
+    ParserFamily("deepseek_v3", "reasoning", deepseek_v3.build),
     ParserFamily("hermes", "tool", hermes.build, hermes.HermesCall),
     ParserFamily("qwen3_coder", "tool", qwen3_coder.build, qwen3_coder.XmlCall),
     ParserFamily("qwen3_xml", "tool", qwen3_coder.build, qwen3_coder.XmlCall),
     ParserFamily("llama3_json", "tool", llama3_json.build, llama3_json.LlamaCall),
     ParserFamily("llama4_json", "tool", llama3_json.build, llama3_json.LlamaCall),
+    ParserFamily("deepseek_v31", "tool", deepseek_v31.build, deepseek_v31.DeepSeekV31Section),
 )
 
 

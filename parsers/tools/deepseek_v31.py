@@ -25,12 +25,14 @@ Recovery, for output that breaks the format (each case named in docs/compat.md):
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import msgspec
 
 from parsers.events import ContentDelta, Event, ToolArgsDelta, ToolCallEnd, ToolCallStart
 from parsers.facts import TokenizerFacts
+from parsers.family import FamilyState, Marker, ToolFamily
 from parsers.request import ParseRequest
 from parsers.structural_tag import constrained_functions, json_content
 
@@ -41,13 +43,10 @@ __all__ = [
     "CALL_END",
     "MAX_NAME",
     "SEP",
-    "DeepSeekV31Ids",
+    "DeepSeekV31Family",
     "DeepSeekV31Section",
-    "build_ids",
-    "section_close",
-    "section_marker",
+    "build",
     "section_structural_tag",
-    "section_text",
 ]
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -66,7 +65,7 @@ _ARGS = 2  # after <｜tool▁sep｜>: text is the arguments
 _SKIP = 3  # a call that is no call: ignored up to its end
 
 
-class DeepSeekV31Section(msgspec.Struct, frozen=True, tag="deepseek_v31", gc=False):
+class DeepSeekV31Section(FamilyState, frozen=True, tag="deepseek_v31", gc=False):
     """State inside one `<｜tool▁calls▁begin｜>` section; holds at most one partial name.
 
     `index` is the index the next call will get: the open call in `_ARGS` mode is `index - 1`.
@@ -82,8 +81,8 @@ class DeepSeekV31Section(msgspec.Struct, frozen=True, tag="deepseek_v31", gc=Fal
         return self.mode != _BETWEEN
 
 
-class DeepSeekV31Ids(msgspec.Struct, frozen=True):
-    """The five marker token ids of one tokenizer."""
+class DeepSeekV31Family(ToolFamily, frozen=True):
+    """The five marker ids of one tokenizer."""
 
     calls_begin: int
     calls_end: int
@@ -91,20 +90,62 @@ class DeepSeekV31Ids(msgspec.Struct, frozen=True):
     call_end: int
     sep: int
 
-    def spellings(self) -> dict[int, str]:
-        """Marker id -> spelling."""
-        return {
-            self.calls_begin: CALLS_BEGIN,
-            self.calls_end: CALLS_END,
-            self.call_begin: CALL_BEGIN,
-            self.call_end: CALL_END,
-            self.sep: SEP,
-        }
+    #: Text after the section is content (vLLM streams it; its batch drops it: docs/compat.md).
+    drops_text_after_calls: ClassVar[bool] = False
+
+    def markers(self) -> tuple[Marker, ...]:
+        """The section markers open and close the state; the call markers are inner."""
+        return (
+            Marker(self.calls_begin, CALLS_BEGIN, "start"),
+            Marker(self.calls_end, CALLS_END, "end"),
+            Marker(self.call_begin, CALL_BEGIN, "inner"),
+            Marker(self.call_end, CALL_END, "inner"),
+            Marker(self.sep, SEP, "inner"),
+        )
+
+    def begin(self, index: int) -> FamilyState:
+        """The section opened; its first call gets `index`."""
+        return DeepSeekV31Section(index=index)
+
+    def feed(self, call: FamilyState, text: str) -> tuple[FamilyState, list[Event]]:
+        """Text inside the section."""
+        if not isinstance(call, DeepSeekV31Section):
+            return call, []
+        return _section_text(call, text)
+
+    def marker(
+        self, call: FamilyState, token_id: int, text: str
+    ) -> tuple[FamilyState, list[Event]]:
+        """A call marker inside the section."""
+        if not isinstance(call, DeepSeekV31Section):
+            return call, []
+        return _section_marker(call, text)
+
+    def close(self, call: FamilyState) -> list[Event]:
+        """`<｜tool▁calls▁end｜>` or the end of output: end an open call."""
+        if not isinstance(call, DeepSeekV31Section):
+            return []
+        return _end_call(call)
+
+    def structural_tag(self, request: ParseRequest, strict_level: str) -> str | None:
+        """xgrammar's `deepseek_v3_1` structural tag, as vLLM 0.33 renders it."""
+        return section_structural_tag(request, strict_level)
+
+    def chunk_content(self, began_in: FamilyState | None, token_ids: Sequence[int]) -> bool:
+        """vLLM's streaming answers a chunk with content, even "", unless a call is involved.
+
+        Its deepseek_v31 parser returns the chunk's text (markers of the section removed) for
+        every chunk outside a call that holds no `<｜tool▁call▁begin｜>`/`<｜tool▁call▁end｜>`:
+        the lone section markers and the stop token come out as `content: ""`.
+        """
+        if isinstance(began_in, DeepSeekV31Section) and began_in.in_call:
+            return False
+        return self.call_begin not in token_ids and self.call_end not in token_ids
 
 
-def build_ids(facts: TokenizerFacts) -> DeepSeekV31Ids:
-    """The marker ids of this tokenizer; the family cannot run without all five."""
-    return DeepSeekV31Ids(
+def build(facts: TokenizerFacts) -> DeepSeekV31Family:
+    """DeepSeek-V3.1's tool-call markers for this tokenizer; the family needs all five."""
+    return DeepSeekV31Family(
         calls_begin=facts.marker_id(CALLS_BEGIN, "deepseek_v31"),
         calls_end=facts.marker_id(CALLS_END, "deepseek_v31"),
         call_begin=facts.marker_id(CALL_BEGIN, "deepseek_v31"),
@@ -113,7 +154,7 @@ def build_ids(facts: TokenizerFacts) -> DeepSeekV31Ids:
     )
 
 
-def section_text(section: DeepSeekV31Section, text: str) -> tuple[DeepSeekV31Section, list[Event]]:
+def _section_text(section: DeepSeekV31Section, text: str) -> tuple[DeepSeekV31Section, list[Event]]:
     """Plain text inside the section (no marker tokens in it)."""
     if not text:
         return section, []
@@ -130,41 +171,21 @@ def section_text(section: DeepSeekV31Section, text: str) -> tuple[DeepSeekV31Sec
     return section, []
 
 
-def section_marker(
+def _section_marker(
     section: DeepSeekV31Section, spelling: str
-) -> tuple[DeepSeekV31Section, list[Event], bool]:
-    """One marker token inside the section, by its spelling.
-
-    Returns the new state, the events, and whether the section is now closed
-    (`<｜tool▁calls▁end｜>`; the caller goes back to content).
-    """
-    mode = section.mode
-    if spelling == CALLS_END:
-        return section, section_close(section), True
+) -> tuple[DeepSeekV31Section, list[Event]]:
+    """A call marker inside the section, by its spelling."""
     if spelling == CALL_BEGIN:
-        events = _end_call(section)
-        index = section.index
-        return DeepSeekV31Section(index=index, mode=_NAME), events, False
+        return DeepSeekV31Section(index=section.index, mode=_NAME), _end_call(section)
     if spelling == CALL_END:
-        events = _end_call(section)
-        return DeepSeekV31Section(index=section.index), events, False
-    if spelling == SEP:
-        if mode == _NAME:
-            name = section.name
-            if not name:
-                return msgspec.structs.replace(section, mode=_SKIP), [], False
-            started = DeepSeekV31Section(index=section.index + 1, mode=_ARGS)
-            return started, [ToolCallStart(section.index, name)], False
-        # A second separator is part of what it stands in (arguments, or content).
-        state, events = section_text(section, spelling)
-        return state, events, False
-    # A nested <｜tool▁calls▁begin｜>: vLLM's streaming strips it; so do we.
-    return section, [], False
-
-
-def section_close(section: DeepSeekV31Section) -> list[Event]:
-    """The section ends (its closing marker, or the end of output): end an open call."""
-    return _end_call(section)
+        return DeepSeekV31Section(index=section.index), _end_call(section)
+    if section.mode != _NAME:
+        # A separator outside a name is text of what it stands in (arguments, or content).
+        return _section_text(section, spelling)
+    if not section.name:
+        return msgspec.structs.replace(section, mode=_SKIP), []
+    started = DeepSeekV31Section(index=section.index + 1, mode=_ARGS)
+    return started, [ToolCallStart(section.index, section.name)]
 
 
 def _end_call(section: DeepSeekV31Section) -> list[Event]:

@@ -116,7 +116,7 @@ def _message_choice(
         reasoning, content, calls = message_parts(
             result.events, state.request_id, choice.index, options
         )
-        if content is None and not calls and parser.reasoning is None:
+        if content is None and not calls and parser.reasoning is None and not result.text:
             content = ""  # vLLM: without a reasoning parser the whole (empty) text is content
         if calls and finish_reason == "stop" and not options.named_tool:
             finish_reason = "tool_calls"

@@ -302,7 +302,8 @@ class ChoiceMachine:
 
 
 def _lean(parse_request: ParseRequest | None) -> ParseRequest | None:
-    """What the parser still needs after ``start``: tool names and schemas, no prose or template kwargs."""
+    """What the parser still needs after ``start``: tool names and schemas and the template's
+    on/off switches (a family may bind by them: DeepSeek-V3.1's `thinking`), no prose."""
     if parse_request is None:
         return None
     tools = (
@@ -310,7 +311,8 @@ def _lean(parse_request: ParseRequest | None) -> ParseRequest | None:
         if parse_request.tools
         else parse_request.tools
     )
-    return msgspec.structs.replace(parse_request, tools=tools, chat_template_kwargs={})
+    switches = {k: v for k, v in parse_request.chat_template_kwargs.items() if isinstance(v, bool)}
+    return msgspec.structs.replace(parse_request, tools=tools, chat_template_kwargs=switches)
 
 
 def _strip_descriptions(value: Any) -> Any:

@@ -33,6 +33,11 @@ FACTS = TokenizerFacts.from_added_tokens(
         "<think>": 151667,
         "</think>": 151668,
         "<|python_tag|>": 128010,
+        "<｜tool▁calls▁begin｜>": 128806,
+        "<｜tool▁calls▁end｜>": 128807,
+        "<｜tool▁call▁begin｜>": 128808,
+        "<｜tool▁call▁end｜>": 128809,
+        "<｜tool▁sep｜>": 128814,
     },
     special_ids=[151643, 151644, 151645],
 )
@@ -42,13 +47,14 @@ REQUEST = ParseRequest(
 
 
 def test_vllm_names_registered() -> None:
-    assert set(known_reasoning_parsers()) >= {"qwen3", "deepseek_r1"}
+    assert set(known_reasoning_parsers()) >= {"qwen3", "deepseek_r1", "deepseek_v3"}
     assert set(known_tool_parsers()) >= {
         "hermes",
         "qwen3_coder",
         "qwen3_xml",
         "llama3_json",
         "llama4_json",
+        "deepseek_v31",
     }
 
 

@@ -26,6 +26,7 @@ DIRECTORIES = [
     "deepseek-r1-distill-qwen",
     "llama-3.1-instruct",
     "qwen2.5-vl",
+    "deepseek-v3.1",
 ]
 
 
