@@ -26,26 +26,64 @@ FACTS = TokenizerFacts.from_added_tokens(
     },
     special_ids=[151644, 151645],
 )
+# DeepSeek-V3.1 marker ids (a family needs its own tokenizer's markers).
+DEEPSEEK_FACTS = TokenizerFacts.from_added_tokens(
+    {
+        "<think>": 128798,
+        "</think>": 128799,
+        "<｜tool▁calls▁begin｜>": 128806,
+        "<｜tool▁calls▁end｜>": 128807,
+        "<｜tool▁call▁begin｜>": 128808,
+        "<｜tool▁call▁end｜>": 128809,
+        "<｜tool▁sep｜>": 128814,
+    },
+    special_ids=[0, 1],
+)
 FILLER = (3409, " word")
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
 REQUEST = ParseRequest(tools=TOOLS, enable_auto_tools=True)
+THINKING = ParseRequest(
+    tools=TOOLS, enable_auto_tools=True, chat_template_kwargs={"thinking": True}
+)
 
-# (label, reasoning parser, tool parser, prefix chunks putting the parser in the phase measured)
-SCENARIOS: list[tuple[str, str | None, str | None, list[tuple[list[int], str]]]] = [
-    ("qwen3 reasoning", "qwen3", "hermes", [([151667], "<think>")]),
-    ("qwen3 content", "qwen3", "hermes", [([151668], "</think>")]),
-    ("deepseek_r1 reasoning", "deepseek_r1", None, []),
+Scenario = tuple[
+    str, str | None, str | None, list[tuple[list[int], str]], TokenizerFacts, ParseRequest
+]
+# (label, reasoning parser, tool parser, prefix chunks putting the parser in the phase measured,
+#  marker ids, request)
+SCENARIOS: list[Scenario] = [
+    ("qwen3 reasoning", "qwen3", "hermes", [([151667], "<think>")], FACTS, REQUEST),
+    ("qwen3 content", "qwen3", "hermes", [([151668], "</think>")], FACTS, REQUEST),
+    ("deepseek_r1 reasoning", "deepseek_r1", None, [], FACTS, REQUEST),
     (
         "hermes arguments",
         None,
         "hermes",
         [([151657], "<tool_call>"), ([1, 2], '{"name": "f", "arguments": {"k": "')],
+        FACTS,
+        REQUEST,
     ),
     (
         "qwen3_coder arguments",
         None,
         "qwen3_coder",
         [([151657], "<tool_call>"), ([1, 2], "<function=f>\n<parameter=k>\n")],
+        FACTS,
+        REQUEST,
+    ),
+    ("deepseek_v3 reasoning", "deepseek_v3", "deepseek_v31", [], DEEPSEEK_FACTS, THINKING),
+    ("deepseek_v31 content", "deepseek_v3", "deepseek_v31", [], DEEPSEEK_FACTS, REQUEST),
+    (
+        "deepseek_v31 arguments",
+        "deepseek_v3",
+        "deepseek_v31",
+        [
+            ([128806, 128808], "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>"),
+            ([69, 128814], "f<｜tool▁sep｜>"),
+            ([1, 2], '{"k": "'),
+        ],
+        DEEPSEEK_FACTS,
+        REQUEST,
     ),
 ]
 SIZES = (100, 1_000, 10_000, 100_000)
@@ -69,8 +107,8 @@ def main() -> None:
     header = f"{'parser / phase':<24}" + "".join(f"{f'{n:,} tok':>14}" for n in SIZES)
     print("mean µs per 1-token chunk (tokens/s at 100,000)")
     print(header)
-    for label, reasoning, tool, prefix in SCENARIOS:
-        parser = build_chat_parser(reasoning, tool, FACTS, REQUEST)
+    for label, reasoning, tool, prefix, facts, request in SCENARIOS:
+        parser = build_chat_parser(reasoning, tool, facts, request)
         assert parser is not None
         costs = [per_chunk_seconds(parser, prefix, n) for n in SIZES]
         cells = "".join(f"{c * 1e6:>14.2f}" for c in costs)
