@@ -18,8 +18,8 @@ Recovery, for output that breaks the format (each case named in docs/compat.md):
   empty name, a name with a line break or one longer than `MAX_NAME` characters is no call
   (vLLM drops these too) and uses no index;
 * text inside the section but outside a call (between calls) is content, as is text after
-  the section; a stray `<｜tool▁call▁end｜>` outside a call and a nested
-  `<｜tool▁calls▁begin｜>` are dropped, as vLLM's streaming does.
+  the section; a stray `<｜tool▁call▁end｜>` outside a call is dropped, as vLLM's streaming
+  does; a second `<｜tool▁calls▁begin｜>` starts a new section (an open call ends).
 """
 
 from __future__ import annotations
