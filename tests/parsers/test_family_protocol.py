@@ -320,6 +320,55 @@ def test_text_after_calls_is_content_unless_the_family_drops_it() -> None:
     assert message(parse(dropped, [SECTION]))[1] == "Sure."
 
 
+class EveryChunkTools(SectionTools, frozen=True):
+    """Answers each chunk outside a call that holds no call marker with content, even ""."""
+
+    def chunk_content(self, began_in: FamilyState | None, token_ids: Sequence[int]) -> bool:
+        in_call = isinstance(began_in, SectionState) and began_in.in_call
+        return not in_call and CALL not in token_ids and END_CALL not in token_ids
+
+
+def chunk_contents(parser: ChatParser, chunks: Sequence[Sequence[Piece]]) -> list[str | None]:
+    """The content each chunk reports (None: no content delta)."""
+    state = parser.start(())
+    out: list[str | None] = []
+    for chunk in chunks:
+        ids = [p if isinstance(p, int) else TEXT for p in chunk]
+        text = "".join(SPELLING[p] if isinstance(p, int) else p for p in chunk)
+        state, events = parser.feed(state, ids, text)
+        parts = [e.text for e in events if isinstance(e, ContentDelta)]
+        out.append("".join(parts) if parts else None)
+    return out
+
+
+def test_a_tool_family_can_answer_every_chunk_with_content() -> None:
+    chunks: list[list[Piece]] = [[CALLS], [CALL], ["f"], [SEP], ["1"], [END_CALL], [END_CALLS], []]
+    shaped = ChatParser.build(None, EveryChunkTools(), REQUEST)
+    assert chunk_contents(shaped, chunks) == ["", None, None, None, None, None, "", ""]
+    assert chunk_contents(ChatParser.build(None, SectionTools(), REQUEST), chunks) == [None] * 8
+    off = ParseRequest(tools=TOOLS, tool_choice="none", enable_auto_tools=True)
+    assert chunk_contents(ChatParser.build(None, EveryChunkTools(), off), [["a"], []]) == [
+        "a",
+        None,
+    ]
+
+
+@pytest.mark.parametrize("answer_side", [True, False])
+def test_legacy_empty_deltas_on_the_answer_side_can_be_left_out(answer_side: bool) -> None:
+    family = think(empty_deltas=True, answer_empty_deltas=answer_side)
+    parser = ChatParser.build(family, None, ParseRequest())
+    state = parser.start([THINK])
+    state, in_reasoning = parser.feed(state, [], "")
+    state, crossing = parser.feed(state, [END_THINK, TEXT], "</think>a")
+    state, in_answer = parser.feed(state, [], "")
+    assert in_reasoning == [ReasoningDelta("")]
+    expected_crossing: list[Event] = [ContentDelta("a")]
+    if answer_side:
+        expected_crossing.insert(0, ReasoningDelta(""))
+    assert crossing == expected_crossing
+    assert in_answer == ([ContentDelta("")] if answer_side else [])
+
+
 def test_strict_level_defaults_to_the_family_and_the_server_flag_wins() -> None:
     assert ChatParser.build(None, SectionTools(), REQUEST).structural_tag() == "section:function"
     explicit = ChatParser.build(None, SectionTools(), REQUEST, "parameter")
