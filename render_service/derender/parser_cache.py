@@ -140,11 +140,6 @@ class ParserCache(Generic[V]):
                 entries.popitem(last=False)
                 self._evictions += 1
 
-    def drop(self, key: bytes) -> bool:
-        """Forget ``key`` (e.g. after the final chunk); whether it was present."""
-        with self._lock:
-            return self._entries.pop(key, None) is not None
-
     def longest_prefix(self, seed: bytes, history: Sequence[int]) -> tuple[int, V] | None:
         """Check out the entry at the longest cached prefix of ``history`` under ``seed``.
 

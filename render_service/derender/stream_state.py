@@ -6,9 +6,7 @@ Wire layout, then base64url without padding::
 
 The tag is HMAC-SHA256 over everything before it, keyed by a key derived from the shared secret and
 the caller's *context* (a fingerprint of model, parser config and derender-relevant flags), so a
-state issued for another model, configuration or secret fails verification. An optional per-call
-``bind`` (e.g. request id and choice index) is authenticated too but not carried, so a state
-replayed into another request or choice fails as well.
+state issued for another model, configuration or secret fails verification.
 
 The tag is truncated to 128 bits: a forger must guess it online, one request per guess, and
 2**-128 per guess is far beyond reach, while each chunk saves 22 characters (NIST SP 800-107
@@ -51,6 +49,7 @@ _DEFLATE_MIN: Final = 768
 _INFLATE_FACTOR: Final = 16
 _KEY_LABEL: Final = b"render-service/stream_state\x00"
 _PARAM: Final = "stream_state"
+_NO_BINDING: Final = bytes(4)
 
 T = TypeVar("T")
 
@@ -97,11 +96,8 @@ class StateCodec:
         self._max_payload = max_bytes * _INFLATE_FACTOR
         self.max_bytes = max_bytes
 
-    def encode(self, value: msgspec.Struct, bind: bytes = b"") -> str:
-        """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``.
-
-        ``decode`` must be given the same ``bind``.
-        """
+    def encode(self, value: msgspec.Struct) -> str:
+        """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``."""
         payload = _ENCODER.encode(value)
         if len(payload) > self._max_payload:
             raise _fail(f"stream state is {len(payload)} bytes, over the limit of this server")
@@ -112,7 +108,7 @@ class StateCodec:
             if len(packed) < len(payload):
                 payload, flags = packed, _FLAG_DEFLATE
         body = bytes((VERSION, flags)) + payload
-        raw = body + self._tag(bind, body)
+        raw = body + self._tag(body)
         token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
         if len(token) > self.max_bytes:
             raise _fail(
@@ -120,7 +116,7 @@ class StateCodec:
             )
         return token
 
-    def decode(self, token: object, type_: type[T], bind: bytes = b"") -> T:
+    def decode(self, token: object, type_: type[T]) -> T:
         """The value inside ``token``, verified; StreamStateError (400) for anything untrusted."""
         if not isinstance(token, str):
             raise _fail(f"stream_state must be a string, not {type(token).__name__}")
@@ -135,10 +131,10 @@ class StateCodec:
                 f"(it reads version {VERSION}); restart the stream"
             )
         body, tag = raw[:-_TAG], raw[-_TAG:]
-        if not hmac.compare_digest(self._tag(bind, body), tag):
+        if not hmac.compare_digest(self._tag(body), tag):
             raise _fail(
                 "stream_state failed verification: it was altered or truncated, or was issued "
-                "for another request, model, configuration or secret"
+                "for another model, configuration or secret"
             )
         payload = self._unpack(body[1], body[_HEADER:])
         try:
@@ -146,11 +142,11 @@ class StateCodec:
         except msgspec.DecodeError as exc:
             raise _fail("stream_state does not hold a state this server can read") from exc
 
-    def _tag(self, bind: bytes, body: bytes) -> bytes:
+    def _tag(self, body: bytes) -> bytes:
         mac = self._mac.copy()
-        # Length-prefixed, so no split of bind + body is ambiguous.
-        mac.update(len(bind).to_bytes(4, "little"))
-        mac.update(bind)
+        # Version-1 tokens MAC four zero bytes first (the length of a per-call binding this codec
+        # no longer offers); kept so that states issued before still verify.
+        mac.update(_NO_BINDING)
         mac.update(body)
         return mac.digest()[:_TAG]
 

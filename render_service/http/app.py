@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
@@ -33,9 +36,19 @@ def build_app(renderer: Renderer) -> Starlette:
         Route("/openapi.json", service.openapi, methods=["GET"]),
     ]
     metrics.pool_size(max(1, renderer.settings.renderer_num_workers))
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The app owns the service: its pools, encoder threads and sandbox processes end with it.
+        try:
+            yield
+        finally:
+            service.close()
+
     app = Starlette(
         routes=routes,
         middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
+        lifespan=lifespan,
     )
     app.state.service = service
     return app

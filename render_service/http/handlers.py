@@ -80,6 +80,11 @@ class Service:
         key = self.settings.api_key
         self.api_key = ApiKey(key) if key else None
 
+    def close(self) -> None:
+        """Stop the worker pool and everything the renderer started."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.renderer.close()
+
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """The one place CPU work leaves the event loop."""
         loop = asyncio.get_running_loop()

@@ -3,7 +3,9 @@
 uvicorn owns SIGTERM and SIGINT: its handler stops the accept loop, lets in-flight requests
 finish (bounded by ``timeout_graceful_shutdown``) and then exits. ``chain_drain_signal`` slips a
 step in front of that handler so ``/ready`` answers 503 from the first moment of the drain, while
-``/health`` (liveness) stays 200 until the process is gone.
+``/health`` (liveness) stays 200 until the process is gone. That relies on when uvicorn installs
+its handlers (before it calls the app factory), which is why pyproject.toml pins uvicorn to the
+tested minor release.
 """
 
 from __future__ import annotations

@@ -14,12 +14,10 @@ from typing import Any
 import msgspec
 
 from render_service.errors import InvalidRequest, LimitExceeded, invalid_param
-from render_service.settings import Settings
+from render_service.protocol.chat import IMAGE_PART_TYPES
+from render_service.settings import DEFAULTS, Settings
 
-__all__ = ["IMAGE_PART_TYPES", "Limits", "check_depth", "check_int64", "count_images"]
-
-#: Content-part types that carry an image (OpenAI's and vLLM's spellings).
-IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image", "image_pil", "image_embeds"})
+__all__ = ["Limits", "check_depth", "check_int64", "count_images"]
 
 _encoder = msgspec.json.Encoder()
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -105,11 +103,11 @@ def count_images(messages: Iterable[Any]) -> int:
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
     """The request-shape limits of one server; a value of 0 turns that check off."""
 
-    max_messages: int = 2048
-    max_tools: int = 256
-    max_tool_schema_bytes: int = 1024 * 1024
-    max_json_depth: int = 64
-    max_images: int = 32
+    max_messages: int = DEFAULTS["max_messages"]
+    max_tools: int = DEFAULTS["max_tools"]
+    max_tool_schema_bytes: int = DEFAULTS["max_tool_schema_bytes"]
+    max_json_depth: int = DEFAULTS["max_json_depth"]
+    max_images: int = DEFAULTS["max_images"]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:

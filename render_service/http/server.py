@@ -10,6 +10,8 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 
 import msgspec
@@ -18,8 +20,9 @@ from starlette.applications import Starlette
 
 from render_service.settings import Settings
 
-_SETTINGS_ENV = "RENDER_SERVICE_SETTINGS_JSON"
-_LOG_LEVEL_ENV = "RENDER_SERVICE_LOG_LEVEL"
+# The path of the settings file the parent writes for its workers (the file, not the variable,
+# holds the secrets: environment variables reach every child process and /proc/PID/environ).
+SETTINGS_FILE_ENV = "RENDER_SERVICE_SETTINGS_FILE"
 # Read by prometheus_client when it is imported in each worker (render_service.http.metrics).
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How long in-flight requests may run after SIGTERM before uvicorn cancels them. Keep it below
@@ -34,9 +37,9 @@ def create_app() -> Starlette:
     from render_service.http.app import build_app
     from render_service.render import Renderer
 
+    settings = read_settings_file(os.environ[SETTINGS_FILE_ENV])
     # Worker processes are spawned fresh: logging set up in the parent does not reach them.
-    _configure_logging(os.environ.get(_LOG_LEVEL_ENV, "info"))
-    settings = msgspec.json.decode(os.environ[_SETTINGS_ENV], type=Settings)
+    _configure_logging(settings.log_level)
     renderer = Renderer.from_settings(settings)
     tune_thread_switching(renderer.multimodal is not None)
     app = build_app(renderer)
@@ -80,8 +83,13 @@ def _configure_logging(log_level: str) -> None:
     metrics.access_log.configure(sys.stdout if on else None, probes=level == logging.DEBUG)
 
 
-def serve(settings: Settings, *, log_level: str = "info") -> None:
-    _configure_logging(log_level)
+def serve(settings: Settings) -> None:
+    """Run the server until SIGTERM or SIGINT, then drain and return.
+
+    MissingImageExtra, before any worker starts, for an image model without the image stack.
+    """
+    _configure_logging(settings.log_level)
+    _require_extras(settings)
     if settings.state_secret is None:
         log.warning(
             "No --state-secret (or RENDER_SERVICE_STATE_SECRET): a random secret signs stream_state, "
@@ -89,25 +97,57 @@ def serve(settings: Settings, *, log_level: str = "info") -> None:
         )
         # One secret for all worker processes of this server, so its own workers agree.
         settings = msgspec.structs.replace(settings, state_secret=secrets.token_hex(32))
-    os.environ[_SETTINGS_ENV] = msgspec.json.encode(settings).decode()
-    os.environ[_LOG_LEVEL_ENV] = log_level
-    metrics_dir = _multiprocess_metrics_dir() if settings.workers > 1 else None
+    workers = settings.server_workers
+    metrics_dir = _multiprocess_metrics_dir() if workers > 1 else None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _drained)
-    uvicorn.run(
-        "render_service.http.server:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        loop="uvloop",
-        http="httptools",
-        log_level=log_level,
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-    )
+    with settings_file(settings) as path:
+        os.environ[SETTINGS_FILE_ENV] = path
+        uvicorn.run(
+            "render_service.http.server:create_app",
+            factory=True,
+            host=settings.host,
+            port=settings.port,
+            workers=workers,
+            loop="uvloop",
+            http="httptools",
+            log_level=settings.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        )
     if metrics_dir is not None:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _require_extras(settings: Settings) -> None:
+    from render_service.model.loading import resolve_model_path
+    from render_service.multimodal import require_image_stack, takes_images
+
+    try:
+        path = resolve_model_path(settings.model)
+    except FileNotFoundError:
+        return  # the workers report a missing model when they load it
+    if takes_images(path):
+        require_image_stack(settings.model_name)
+
+
+@contextmanager
+def settings_file(settings: Settings) -> Iterator[str]:
+    """The settings (secrets included) in a file only this user can read, removed on exit."""
+    folder = tempfile.mkdtemp(prefix="render-service-")  # mode 0700
+    path = os.path.join(folder, "settings.json")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(msgspec.json.encode(settings))
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_settings_file(path: str) -> Settings:
+    with open(path, "rb") as f:
+        return msgspec.json.decode(f.read(), type=Settings)
 
 
 def _multiprocess_metrics_dir() -> str | None:

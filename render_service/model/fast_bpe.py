@@ -72,9 +72,30 @@ def _split_regex(pre_tokenizer: dict[str, Any] | None) -> str | None:
     return regex if isinstance(regex, str) else None
 
 
-def build(
-    tokenizer_json: str, backend: tokenizers.Tokenizer
-) -> Callable[[list[str]], list[list[int]]] | None:
+class FastEncoder:
+    """tiktoken's encoder for one tokenizer, with a thread pool for long batches (``close`` it)."""
+
+    def __init__(self, encoding: Any, nfc: bool) -> None:
+        self._encoding = encoding
+        self._nfc = nfc
+        # tiktoken releases the GIL while encoding, so long parts encode in parallel on this
+        # pool; short ones stay on the calling thread (a hand-off costs more than encoding them).
+        self._pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bpe")
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        if self._nfc:
+            texts = [unicodedata.normalize("NFC", t) for t in texts]
+        encode: Callable[[str], list[int]] = self._encoding.encode_ordinary
+        if len(texts) > 1 and sum(map(len, texts)) >= _PARALLEL_CHARS:
+            return list(self._pool.map(encode, texts))
+        return [encode(t) for t in texts]
+
+    def close(self) -> None:
+        """Stop the pool's threads (after any batch in progress)."""
+        self._pool.shutdown()
+
+
+def build(tokenizer_json: str, backend: tokenizers.Tokenizer) -> FastEncoder | None:
     """A batch encoder equal to ``backend`` on ordinary text, or None when this tokenizer does not fit."""
     try:
         import tiktoken
@@ -99,19 +120,11 @@ def build(
         )
     except ValueError:
         return None
-    nfc = normalizer is not None
-    # tiktoken releases the GIL while encoding, so long parts encode in parallel on this pool;
-    # short ones stay on the calling thread (a hand-off costs more than encoding them).
-    pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="bpe")
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        if nfc:
-            texts = [unicodedata.normalize("NFC", t) for t in texts]
-        if len(texts) > 1 and sum(map(len, texts)) >= _PARALLEL_CHARS:
-            return list(pool.map(encoding.encode_ordinary, texts))
-        return [encoding.encode_ordinary(t) for t in texts]
-
+    encoder = FastEncoder(encoding, nfc=normalizer is not None)
     expected = [
         enc.ids for enc in backend.encode_batch(list(CHECK_TEXTS), add_special_tokens=False)
     ]
-    return encode if encode(list(CHECK_TEXTS)) == expected else None
+    if encoder(list(CHECK_TEXTS)) != expected:
+        encoder.close()
+        return None
+    return encoder

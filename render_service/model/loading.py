@@ -47,7 +47,8 @@ class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
     chat_template: str | None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file of a model directory ({} when absent or not an object)."""
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8") as f:
@@ -104,7 +105,7 @@ def _load_chat_template(path: Path, tokenizer_config: dict[str, Any]) -> str | N
         return jinja.read_text(encoding="utf-8")
     template = tokenizer_config.get("chat_template")
     if template is None:
-        template = _read_json(path / "chat_template.json").get("chat_template")
+        template = read_json(path / "chat_template.json").get("chat_template")
     if isinstance(template, list):  # named templates: vLLM uses "default" (or the only one)
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
@@ -174,9 +175,9 @@ def load_model(
     from transformers import AutoTokenizer
 
     path = resolve_model_path(model)
-    config = _read_json(path / "config.json")
-    tokenizer_config = _read_json(path / "tokenizer_config.json")
-    generation = _read_json(path / "generation_config.json")
+    config = read_json(path / "config.json")
+    tokenizer_config = read_json(path / "tokenizer_config.json")
+    generation = read_json(path / "generation_config.json")
     hf_tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     derived_len = _max_model_len(config)
     if max_model_len is not None and max_model_len > derived_len:

@@ -3,8 +3,9 @@ model's marker tokens, one parser per parse request, and how a chat request's to
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -14,9 +15,7 @@ from parsers import (
     ParseRequest,
     RenderAdjustments,
     TokenizerFacts,
-    UnknownParserError,
     build_chat_parser,
-    known_tool_parsers,
 )
 from render_service.errors import invalid_param
 from render_service.protocol.chat import ChatCompletionRequest
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
     from render_service.model.loading import Model
     from render_service.settings import Settings
 
-log = logging.getLogger("render_service")
 _PARSE_REQUEST_ENCODER = msgspec.msgpack.Encoder()
 # Parsers are configuration only, so requests with the same parse context share one.
 _PARSER_CACHE_SIZE = 512
@@ -41,19 +39,26 @@ class RenderHints:
     structural_tag: str | None = None
 
 
-@dataclass(frozen=True)
 class ParsingSetup:
-    """The server's parser flags plus the model's marker tokens."""
+    """The server's parser flags plus the model's marker tokens, and the parsers built so far.
 
-    reasoning_parser: str | None
-    tool_parser: str | None
-    facts: TokenizerFacts
-    #: A tool parser name vLLM knows but this project does not implement yet: render accepts
-    #: tool requests (as vLLM would) but cannot add that family's structural tag or parse output.
-    tool_parser_supported: bool
-    _parsers: dict[bytes, ChatParser | None] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    Parsers are configuration only (no per-stream state), so requests with the same parse
+    request share one; the most recently used ``max_parsers`` are kept (thread-safe).
+    """
+
+    def __init__(
+        self,
+        reasoning_parser: str | None,
+        tool_parser: str | None,
+        facts: TokenizerFacts,
+        max_parsers: int = _PARSER_CACHE_SIZE,
+    ) -> None:
+        self.reasoning_parser = reasoning_parser
+        self.tool_parser = tool_parser
+        self.facts = facts
+        self.max_parsers = max_parsers
+        self._parsers: OrderedDict[bytes, ChatParser | None] = OrderedDict()
+        self._lock = threading.Lock()
 
     @property
     def has_reasoning(self) -> bool:
@@ -65,6 +70,8 @@ class ParsingSetup:
 
     @classmethod
     def create(cls, model: Model, settings: Settings) -> ParsingSetup | None:
+        """The setup for the server's flags, or None without parsers; the parsers are built
+        once here, so a family that cannot serve this model fails at startup."""
         reasoning = (
             settings.reasoning_parser
             if settings.reasoning_parser not in (None, "", "none")
@@ -74,13 +81,8 @@ class ParsingSetup:
         if reasoning is None and tool is None:
             return None
         facts = TokenizerFacts.from_added_tokens(model.added_tokens(), model.special_ids())
-        supported = tool is None or tool in known_tool_parsers()
-        if not supported:
-            log.warning(
-                "tool parser %r is not implemented: render only, derender refuses tool output", tool
-            )
-        setup = cls(reasoning, tool, facts, supported)
-        setup.parser(ParseRequest())  # fail at startup, not per request, on unknown names
+        setup = cls(reasoning, tool, facts)
+        setup.parser(ParseRequest())
         return setup
 
     def parse_request(self, context: ParseContext | dict[str, Any]) -> ParseRequest:
@@ -89,21 +91,17 @@ class ParsingSetup:
 
     def parser(self, request: ParseRequest) -> ChatParser | None:
         """The parser for a request; streams reuse one per distinct parse request."""
-        return self._parser_for(_PARSE_REQUEST_ENCODER.encode(request))
-
-    def _parser_for(self, encoded: bytes) -> ChatParser | None:
-        cache = self._parsers
-        if encoded in cache:
-            return cache[encoded]
-        request = msgspec.msgpack.decode(encoded, type=ParseRequest)
-        tool = self.tool_parser if self.tool_parser_supported else None
-        try:
-            parser = build_chat_parser(self.reasoning_parser, tool, self.facts, request)
-        except UnknownParserError as exc:
-            raise SystemExit(f"--reasoning-parser/--tool-call-parser: {exc}") from exc
-        if len(cache) >= _PARSER_CACHE_SIZE:
-            cache.clear()
-        cache[encoded] = parser
+        key = _PARSE_REQUEST_ENCODER.encode(request)
+        with self._lock:
+            if key in self._parsers:
+                self._parsers.move_to_end(key)
+                return self._parsers[key]
+        # Built outside the lock: two threads may build the same parser once each.
+        parser = build_chat_parser(self.reasoning_parser, self.tool_parser, self.facts, request)
+        with self._lock:
+            self._parsers[key] = parser
+            while len(self._parsers) > self.max_parsers:
+                self._parsers.popitem(last=False)
         return parser
 
     def render_hints(self, context: ParseContext, prompt_ids: list[int]) -> RenderHints:

@@ -32,10 +32,10 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])
 # Starting a child imports transformers' template module; that must not count against a template.
 _STARTUP_TIMEOUT = 120.0
-# Environment variables that carry secrets (server.py's settings JSON, cli.py's state secret,
-# vLLM's API key variable).
+# Environment variables an operator may set with secrets (the state secret, vLLM's API key
+# variable), and the one that points the server's workers at their settings file.
 _SECRET_ENV = frozenset(
-    {"RENDER_SERVICE_SETTINGS_JSON", "RENDER_SERVICE_STATE_SECRET", "VLLM_API_KEY"}
+    {"RENDER_SERVICE_SETTINGS_FILE", "RENDER_SERVICE_STATE_SECRET", "VLLM_API_KEY"}
 )
 
 

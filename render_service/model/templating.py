@@ -17,7 +17,7 @@ import jinja2.sandbox
 
 from render_service.errors import InvalidRequest
 from render_service.model.sandbox import TemplateSandbox
-from render_service.protocol.chat import ChatCompletionRequest
+from render_service.protocol.chat import IMAGE_PART_TYPES, ChatCompletionRequest
 from render_service.protocol.tokenize import TokenizeChatRequest
 from render_service.settings import Settings
 
@@ -91,7 +91,7 @@ def _content_text_parts(content: list[Any], path: str, images: bool = False) -> 
             texts.append(text)
         elif images and kind == "image_url":
             texts.append(None)
-        elif kind in ("image_url", "input_image", "image", "image_pil", "image_embeds"):
+        elif kind in IMAGE_PART_TYPES:
             raise MultimodalContent(path)
         else:
             raise InvalidRequest(f"Unknown part type: {kind}", f"{path}.{i}")

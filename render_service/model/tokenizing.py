@@ -124,6 +124,11 @@ class SegmentEncoder:
     def __len__(self) -> int:
         return len(self._cache)
 
+    def close(self) -> None:
+        """Stop the fast encoder's threads."""
+        if self._fast is not None:
+            self._fast.close()
+
 
 def _splits_cleanly(token: tokenizers.AddedToken) -> bool:
     """Whether splitting at this token and encoding both sides apart gives the same ids."""

@@ -21,13 +21,16 @@ import msgspec
 import pybase64
 
 from render_service.errors import InvalidRequest
+from render_service.settings import DEFAULTS
 
 
 class FetchLimits(msgspec.Struct, frozen=True, kw_only=True):
-    timeout: float = 5.0
-    max_bytes: int = 20 * 1024 * 1024
-    max_redirects: int = 5
-    allow_private: bool = False
+    """What an image fetch may do (the --media-* and --max-media-* flags)."""
+
+    timeout: float = DEFAULTS["media_fetch_timeout"]
+    max_bytes: int = DEFAULTS["max_media_bytes"]
+    max_redirects: int = DEFAULTS["max_media_redirects"]
+    allow_private: bool = DEFAULTS["allow_private_media_urls"]
     allowed_local_path: str | None = None
 
 

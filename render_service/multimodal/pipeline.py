@@ -42,7 +42,8 @@ from render_service.validation import convert
 
 T = TypeVar("T")
 
-IMAGE_PART_TYPES = frozenset({"image_url"})
+# The image part type this server fetches and processes (others are refused at templating).
+_URL_PART = "image_url"
 # What a Qwen2-VL-family chat template writes for an image (used for string-format templates).
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 DEFAULT_IMAGE_LIMIT = 999  # vLLM's per-prompt default for each modality
@@ -156,7 +157,7 @@ def image_parts(messages: list[dict[str, Any]]) -> list[ImagePart]:
         if not isinstance(content, list):
             continue
         for p, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in IMAGE_PART_TYPES:
+            if not isinstance(part, dict) or part.get("type") != _URL_PART:
                 continue
             image_url = part.get("image_url")
             url = image_url.get("url") if isinstance(image_url, dict) else image_url
@@ -199,7 +200,7 @@ class MediaPipeline:
         self.pool = self._new_pool()
 
     def _new_pool(self) -> Executor:
-        workers = max(1, self.settings.media_num_workers)
+        workers = self.settings.media_workers
         if self.settings.media_executor == "thread":
             threads = WarmThreadPool(workers, "media", work.init_worker)
             threads.submit(work.ready).result()  # one compile serves every thread of the process
@@ -212,6 +213,10 @@ class MediaPipeline:
         for _ in range(workers):  # start the workers now, not on the first image request
             pool.submit(work.ready)
         return pool
+
+    def close(self) -> None:
+        """Stop the media pool's workers (queued work is dropped)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     async def _in_pool(self, part: ImagePart, fn: Callable[..., T], *args: Any) -> T:
         """Run one image step in the media pool; its failures become 400s naming the part."""
@@ -288,7 +293,7 @@ class MediaPipeline:
         return any(
             isinstance(m, dict)
             and isinstance(m.get("content"), list)
-            and any(isinstance(p, dict) and p.get("type") in IMAGE_PART_TYPES for p in m["content"])
+            and any(isinstance(p, dict) and p.get("type") == _URL_PART for p in m["content"])
             for m in messages
         )
 

@@ -9,7 +9,6 @@ patches as it goes.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from render_service.errors import InvalidRequest
+from render_service.model.loading import read_json
+from render_service.multimodal import IMAGE_PROCESSORS
 from render_service.multimodal.halves import Helper
 
 
@@ -41,13 +42,10 @@ class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
     def from_model_dir(cls, path: str | Path) -> VisionConfig | None:
         """The config of a Qwen2-VL-family model directory, or None for other models."""
         folder = Path(path)
-        pre = _read(folder / "preprocessor_config.json")
-        if pre.get("image_processor_type") not in (
-            "Qwen2VLImageProcessor",
-            "Qwen2VLImageProcessorFast",
-        ):
+        pre = read_json(folder / "preprocessor_config.json")
+        if pre.get("image_processor_type") not in IMAGE_PROCESSORS:
             return None
-        config = _read(folder / "config.json")
+        config = read_json(folder / "config.json")
         size = pre.get("size") or {}
         return cls(
             min_pixels=int(pre.get("min_pixels", size.get("shortest_edge", 56 * 56))),
@@ -86,14 +84,6 @@ class VisionConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 def _positive_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
-def _read(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    with path.open(encoding="utf-8") as f:
-        data = json.load(f)
-    return data if isinstance(data, dict) else {}
 
 
 class ProcessedImage(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -11,6 +11,8 @@ from render_service.protocol.logprobs import ChatCompletionLogProbs
 from render_service.protocol.sampling import SamplingRequest
 from render_service.protocol.usage import UsageInfo
 
+#: Content-part types that carry an image (OpenAI's and vLLM's spellings).
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image", "image_pil", "image_embeds"})
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 ToolChoice = str | dict[str, Any]
 

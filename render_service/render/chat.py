@@ -22,7 +22,7 @@ from render_service.render.sampling import (
 from render_service.validation import convert
 
 if TYPE_CHECKING:
-    from render_service.multimodal import MediaBatch
+    from render_service.multimodal.pipeline import MediaBatch
     from render_service.render.renderer import Renderer
 
 

@@ -53,6 +53,9 @@ class PromptEncoder:
         self.check_length(len(ids))
         return Prompt(ids, offsets)
 
+    def close(self) -> None:
+        self._segments.close()
+
     def check_length(self, length: int) -> None:
         """A prompt of ``length`` ids must fit --max-prompt-tokens and the model's context."""
         limit = self.model.info.max_model_len

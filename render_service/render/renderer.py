@@ -5,14 +5,14 @@ Everything here is synchronous and free of HTTP; the app runs it on a worker poo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from render_service.errors import InvalidRequest
 from render_service.model import templating
 from render_service.model.loading import Model, load_chat_template_arg, load_model
 from render_service.model.parser_setup import ParsingSetup
 from render_service.model.sandbox import TemplateSandbox
-from render_service.multimodal import MediaBatch, MediaPipeline
+from render_service.multimodal import media_pipeline
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
 from render_service.protocol.generate import GenerateRequest
@@ -28,6 +28,9 @@ from render_service.render.prompt import PromptEncoder
 from render_service.render.request_checks import check_messages
 from render_service.settings import Settings
 
+if TYPE_CHECKING:
+    from render_service.multimodal.pipeline import MediaBatch
+
 
 class Renderer:
     """Renders requests for one model exactly as vLLM 0.33's render server does."""
@@ -37,7 +40,7 @@ class Renderer:
         self.settings = settings
         self.parsing = ParsingSetup.create(model, settings)
         self.prompts = PromptEncoder(model, settings)
-        self.multimodal = MediaPipeline.for_model(model.info.path, settings.model, settings)
+        self.multimodal = media_pipeline(model.info.path, settings.model, settings)
         template = model.info.chat_template
         self.content_format = (
             settings.chat_template_content_format
@@ -78,6 +81,20 @@ class Renderer:
     @property
     def model_name(self) -> str:
         return self.model.info.served_model_name
+
+    def close(self) -> None:
+        """Stop the threads and processes this renderer started (encoder, templates, images)."""
+        self.prompts.close()
+        if self.template_sandbox is not None:
+            self.template_sandbox.close()
+        if self.multimodal is not None:
+            self.multimodal.close()
+
+    def __enter__(self) -> Renderer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def render_chat(
         self,

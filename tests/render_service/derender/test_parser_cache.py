@@ -68,14 +68,6 @@ def test_check_in_replaces() -> None:
     assert cache.check_out(key(1)) == "new"
 
 
-def test_drop() -> None:
-    cache, _ = make()
-    cache.check_in(key(1), "one")
-    assert cache.drop(key(1))
-    assert not cache.drop(key(1))
-    assert cache.check_out(key(1)) is None
-
-
 def test_lru_evicts_least_recently_checked_in() -> None:
     cache, _ = make(max_entries=3)
     for n in (1, 2, 3):
