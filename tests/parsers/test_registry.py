@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -123,3 +125,19 @@ def test_every_tool_family_state_travels_in_the_chat_state(
     assert isinstance(state.call, family.state)
     for codec in (msgspec.json, msgspec.msgpack):
         assert codec.decode(codec.encode(state), type=ChatState) == state
+
+
+def test_only_the_registry_imports_family_modules() -> None:
+    """A family touches no shared module: chat.py and the helpers name no family."""
+    package = Path(parsers.__file__).parent
+    for path in package.glob("*.py"):
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {f"{node.module}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+        families = {
+            name for name in imported if name.startswith(("parsers.tools.", "parsers.reasoning."))
+        }
+        assert not families or path.name == "registry.py", (path.name, families)
