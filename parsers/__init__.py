@@ -20,6 +20,7 @@ from parsers.events import (
 from parsers.facts import TokenizerFacts
 from parsers.ids import tool_call_id
 from parsers.logprob_text import logprob_context, logprob_token_text
+from parsers.message import Message, accumulate, batch_message
 from parsers.registry import known_reasoning_parsers, known_tool_parsers
 from parsers.request import ParseRequest
 from parsers.structural_tag import RenderAdjustments
@@ -31,6 +32,7 @@ __all__ = [
     "DetokState",
     "Detokenizer",
     "Event",
+    "Message",
     "ParseRequest",
     "ParserConfigError",
     "ReasoningDelta",
@@ -41,6 +43,8 @@ __all__ = [
     "ToolCallStart",
     "UnknownParserError",
     "UnsupportedModelError",
+    "accumulate",
+    "batch_message",
     "build_chat_parser",
     "known_reasoning_parsers",
     "known_tool_parsers",

@@ -7,17 +7,18 @@ The machine knows no family: it routes marker tokens and text to the configured
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 import msgspec
 
 from parsers import registry
 from parsers._segments import split_at_markers
-from parsers.events import ContentDelta, Event, ReasoningDelta, ToolCallStart
+from parsers.events import ContentDelta, Event, ReasoningDelta, ToolArgsDelta, ToolCallStart
 from parsers.facts import TokenizerFacts
 from parsers.family import ChatFamily, FamilyState, ReasoningFamily, ToolFamily
 from parsers.ids import tool_call_id
+from parsers.message import Message, accumulate, batch_message
 from parsers.request import ParseRequest
 from parsers.structural_tag import RenderAdjustments
 
@@ -26,6 +27,9 @@ __all__ = ["ChatParser", "ChatState", "build_chat_parser"]
 REASONING = 0
 CONTENT = 1
 IN_TOOL_CALL = 2
+
+# Engine families hold leading whitespace-only content; past this many chars it is sent.
+_MAX_HELD_SPACE = 1024
 
 # Marker kinds.
 _THINK_START = 0
@@ -58,6 +62,16 @@ class ChatState(msgspec.Struct, frozen=True, gc=False):
     tools_started: int = 0
     #: The tool family's open state (a call, a section or the answer), or a chat family's state.
     call: CallState | None = None
+    #: Engine families: content other than whitespace was sent (later whitespace flows freely).
+    answer_text: bool = False
+    #: Engine families: whitespace-only content held until text follows (dropped once a call
+    #: starts, sent at the end when none did).
+    held_space: str = ""
+    #: Length of the reasoning so far while it is only whitespace (-1 once it has text).
+    lead_space: int = 0
+    #: Whitespace-only reasoning before a start marker that reasoning absorbed (the batch answer
+    #: drops it where vLLM's batch does, see `ReasoningFamily.batch_drops_space_before_start`).
+    reasoning_lead: int = 0
 
     @property
     def tools_emitted(self) -> bool:
@@ -198,6 +212,50 @@ class ChatParser(msgspec.Struct, frozen=True):
             return tool_call_id(request_id, choice_index, tool_index)
         return family.call_id(request_id, choice_index, tool_index)
 
+    def parse_batch(
+        self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], text: str
+    ) -> Message:
+        """The batch answer for a whole output: the stream accumulated, then `batch_message`."""
+        state = self.start(prompt_token_ids)
+        state, events = self.feed(state, token_ids, text)
+        state, more = self.finish(state)
+        return self.batch_answer(
+            events + more,
+            state,
+            lambda: self.without_tools().parse_whole(prompt_token_ids, token_ids, text),
+        )
+
+    def batch_answer(
+        self, events: list[Event], end: ChatState, as_written: Callable[[], Message]
+    ) -> Message:
+        """The batch answer from a whole output's events and the parser's state at its end.
+
+        `as_written` parses the same output with tool calling off (`without_tools`); it is
+        called only when the batch rule needs it.
+        """
+        tools = self.tools
+        return batch_message(
+            accumulate(events),
+            engine=tools is not None and tools.engine,
+            forced_tool_choice=self.request.effective_tool_choice in ("required", "named"),
+            reasoning_family=self.reasoning is not None or self.chat is not None,
+            as_written=as_written,
+            reasoning_lead=end.reasoning_lead,
+        )
+
+    def parse_whole(
+        self, prompt_token_ids: Sequence[int], token_ids: Sequence[int], text: str
+    ) -> Message:
+        """A whole output through `start`/`feed`/`finish`, accumulated as a client would."""
+        state = self.start(prompt_token_ids)
+        state, events = self.feed(state, token_ids, text)
+        _, more = self.finish(state)
+        return accumulate(events + more)
+
+    def without_tools(self) -> ChatParser:
+        """This parser with tool calling off: tool markup reads as content, as written."""
+        return msgspec.structs.replace(self, tools_active=False)
+
     def start(self, prompt_token_ids: Sequence[int]) -> ChatState:
         """Initial state: inside reasoning unless the prompt or the template switches closed it."""
         if self.chat is not None:
@@ -266,6 +324,9 @@ class ChatParser(msgspec.Struct, frozen=True):
         if state.phase == REASONING:
             self._report_empty_reasoning(state, events)
             state = msgspec.structs.replace(state, reasoning_emitted=True)
+        if state.held_space and not state.tools_started:
+            events.append(ContentDelta(state.held_space))
+            state = msgspec.structs.replace(state, held_space="")
         return state, events
 
     def _chat_state(self, chat: ChatFamily, state: ChatState) -> FamilyState:
@@ -307,13 +368,19 @@ class ChatParser(msgspec.Struct, frozen=True):
         if state.phase == REASONING:
             if self.reasoning is not None:
                 self._emit(self.reasoning.text_event(text, not state.reasoning_emitted), events)
-            if state.reasoning_emitted:
+            lead = state.lead_space
+            if state.reasoning_emitted and lead < 0:
                 return state
-            return msgspec.structs.replace(state, reasoning_emitted=True)
+            if lead >= 0:
+                lead = lead + len(text) if text.isspace() else -1
+            return msgspec.structs.replace(state, reasoning_emitted=True, lead_space=lead)
         if state.phase == IN_TOOL_CALL:
             if state.call is None or self.tools is None:
                 return state  # markup swallowed while tools are off
             call, call_events = self.tools.feed(state.call, text)
+            if len(call_events) == 1 and type(call_events[0]) is ToolArgsDelta:
+                events.append(call_events[0])  # the per-token case inside arguments, kept lean
+                return state if call is state.call else msgspec.structs.replace(state, call=call)
             return self._called(state, call, call_events, events)
         if self._drops_text(state):
             return state
@@ -321,17 +388,51 @@ class ChatParser(msgspec.Struct, frozen=True):
         return state
 
     def _called(
-        self, state: ChatState, call: FamilyState, call_events: list[Event], events: list[Event]
+        self,
+        state: ChatState,
+        call: FamilyState | None,
+        call_events: list[Event],
+        events: list[Event],
     ) -> ChatState:
-        events.extend(call_events)
-        started = state.tools_started + _starts(call_events)
-        return msgspec.structs.replace(state, call=call, tools_started=started)
+        if self.tools is None or not self.tools.engine:
+            events.extend(call_events)
+            started = state.tools_started + _starts(call_events)
+            return msgspec.structs.replace(state, call=call, tools_started=started)
+        return self._engine_events(msgspec.structs.replace(state, call=call), call_events, events)
+
+    def _engine_events(
+        self, state: ChatState, call_events: list[Event], events: list[Event]
+    ) -> ChatState:
+        """vLLM's engine: whitespace-only content before any text waits for text, and is
+        dropped once a call starts (kept in the state, bounded)."""
+        started, text_seen, held = state.tools_started, state.answer_text, state.held_space
+        for event in call_events:
+            if isinstance(event, ContentDelta):
+                if text_seen or event.text.strip():
+                    events.append(ContentDelta(held + event.text) if held else event)
+                    text_seen, held = True, ""
+                    continue
+                held += event.text
+                if len(held) > _MAX_HELD_SPACE:
+                    events.append(ContentDelta(held))
+                    text_seen, held = True, ""
+                continue
+            if isinstance(event, ToolCallStart):
+                started, held = started + 1, ""
+            events.append(event)
+        if (started, text_seen, held) == (state.tools_started, state.answer_text, state.held_space):
+            return state
+        return msgspec.structs.replace(
+            state, tools_started=started, answer_text=text_seen, held_space=held
+        )
 
     def _marker(self, state: ChatState, token_id: int, events: list[Event]) -> ChatState:
         kind, spelling = self.markers[token_id]
         reasoning = self.reasoning
         if state.phase == REASONING and reasoning is not None:
             if kind == _THINK_START:
+                if reasoning.batch_drops_space_before_start and state.lead_space > 0:
+                    return msgspec.structs.replace(state, reasoning_lead=state.lead_space)
                 return state
             if kind == _THINK_END:
                 state = self._end_reasoning(state, events)
@@ -346,7 +447,7 @@ class ChatParser(msgspec.Struct, frozen=True):
         if state.phase == IN_TOOL_CALL:
             if kind == _TOOL_END:
                 return self._answer(self._close_call(state, events))
-            if kind == _TOOL_START:
+            if kind == _TOOL_START and not self._start_is_text(state):
                 state = self._close_call(state, events)
                 return self._open_call(state)
             if kind == _TOOL_INNER and self.tools is not None:
@@ -355,8 +456,13 @@ class ChatParser(msgspec.Struct, frozen=True):
                 call, call_events = self.tools.marker(state.call, token_id, spelling)
                 return self._called(state, call, call_events, events)
             return self._text(state, spelling, events)
-        if kind == _THINK_END and reasoning is not None and reasoning.drop_end_in_content:
-            return state
+        if (
+            kind == _THINK_END
+            and reasoning is not None
+            and reasoning.drop_end_in_content
+            and state.reasoning_emitted
+        ):
+            return state  # a repeated end of the reasoning this output had
         if (
             kind == _TOOL_START
             and self.tools is not None
@@ -393,13 +499,18 @@ class ChatParser(msgspec.Struct, frozen=True):
         call = self.tools.begin(state.tools_started)
         return msgspec.structs.replace(state, phase=IN_TOOL_CALL, call=call, tool_seen=True)
 
+    def _start_is_text(self, state: ChatState) -> bool:
+        """A call-start token inside an open state that the family reads as text."""
+        return (
+            self.tools is not None
+            and state.call is not None
+            and self.tools.start_is_text(state.call)
+        )
+
     def _close_call(self, state: ChatState, events: list[Event]) -> ChatState:
-        started = state.tools_started
         if state.call is not None and self.tools is not None:
-            call_events = self.tools.close(state.call)
-            events.extend(call_events)
-            started += _starts(call_events)
-        return msgspec.structs.replace(state, phase=CONTENT, call=None, tools_started=started)
+            state = self._called(state, None, self.tools.close(state.call), events)
+        return msgspec.structs.replace(state, phase=CONTENT, call=None)
 
 
 def build_chat_parser(

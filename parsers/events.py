@@ -43,9 +43,11 @@ class ToolArgsDelta(msgspec.Struct, frozen=True, tag="tool_args", gc=False):
 
 
 class ToolCallEnd(msgspec.Struct, frozen=True, tag="tool_end", gc=False):
-    """Call `index` is complete (closed, or the output ended inside it)."""
+    """Call `index` is over: closed, or the output ended inside it (`complete` false: its
+    markup never closed, e.g. a JSON object cut by max_tokens)."""
 
     index: int
+    complete: bool = True
 
 
 Event: TypeAlias = ReasoningDelta | ContentDelta | ToolCallStart | ToolArgsDelta | ToolCallEnd

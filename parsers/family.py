@@ -87,6 +87,9 @@ class ReasoningFamily(msgspec.Struct, frozen=True):
     #: With `empty_deltas`, whether the answer side follows the legacy streaming too (the empty
     #: reasoning part of a crossing chunk, `content: ""` for an answer chunk without text).
     answer_empty_deltas: bool = True
+    #: vLLM's batch answer drops what precedes the start marker; the batch rule drops it when it
+    #: is only whitespace (DeepSeek-R1's `"\n<think>…"`, see `parsers.message`).
+    batch_drops_space_before_start: bool = False
     #: The family's adjust_request sets skip_special_tokens=False (engine-based parsers do).
     keeps_special_tokens: bool = False
     #: Ids that end a turn; the prompt look-back stops there.
@@ -150,6 +153,10 @@ class ToolFamily(msgspec.Struct, frozen=True):
     swallows_inactive_markup: ClassVar[bool] = False
     #: `--tool-strict-level` when the server sets none (vLLM's `default_tool_strict_level`).
     default_strict_level: ClassVar[str] = "auto"
+    #: vLLM 0.33 runs the family on its parser engine (`vllm/parser/engine`): leading
+    #: whitespace-only content waits for text and is dropped once a call starts, and the batch
+    #: answer follows the engine rules of `parsers.message.batch_message`.
+    engine: ClassVar[bool] = False
 
     def markers(self) -> tuple[Marker, ...]:
         """This family's marker tokens for the tokenizer it was built for."""
@@ -178,6 +185,11 @@ class ToolFamily(msgspec.Struct, frozen=True):
     def feed(self, call: FamilyState, text: str) -> tuple[FamilyState, list[Event]]:
         """Scan more text inside the open state."""
         raise NotImplementedError
+
+    def start_is_text(self, call: FamilyState) -> bool:
+        """Whether a `start` marker inside the open state is text (default: it closes the state
+        and opens the next)."""
+        return False
 
     def marker(
         self, call: FamilyState, token_id: int, text: str

@@ -112,10 +112,11 @@ def json_call_format(
     excludes: list[str],
     request: ParseRequest,
     strict_level: str,
+    style: str = "json",
 ) -> str | None:
     """Structural tag JSON in the shape of xgrammar's builtin `llama` template, or None.
 
-    A named tool choice is the one tag itself; "auto" and "required" are triggered tags
+    `style` is the argument syntax (`json`, or `qwen_xml` for `qwen_3_coder`). A named tool choice is the one tag itself; "auto" and "required" are triggered tags
     (at least one for "required"); `parallel_tool_calls=false` stops after the first.
     """
     constrained = constrained_functions(request, strict_level)
@@ -127,7 +128,7 @@ def json_call_format(
         {
             "type": "tag",
             "begin": spelling.begin.replace("{name}", str(function.get("name", ""))),
-            "content": json_content(function, level),
+            "content": json_content(function, level, style),
             "end": spelling.end,
         }
         for function in functions
@@ -170,11 +171,11 @@ def constrained_functions(
     return functions, level
 
 
-def json_content(function: dict[str, Any], level: str) -> dict[str, Any]:
+def json_content(function: dict[str, Any], level: str, style: str = "json") -> dict[str, Any]:
     return {
         "type": "json_schema",
         "json_schema": _schema(function, level),
-        "style": "json",
+        "style": style,
         "any_order": False,
         "max_whitespace_cnt": None,
         "excludes": [],

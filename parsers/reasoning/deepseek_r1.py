@@ -25,4 +25,5 @@ def build(facts: TokenizerFacts) -> ReasoningFamily:
         end_text="</think>",
         report_empty_reasoning=True,
         empty_deltas=True,
+        batch_drops_space_before_start=True,
     )

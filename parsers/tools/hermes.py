@@ -104,7 +104,7 @@ class HermesConfig(ToolFamily, frozen=True):
         """The call ended (closing token, or end of output): end it if it ever started."""
         if not isinstance(call, HermesCall):
             return []
-        return [ToolCallEnd(call.index)] if call.started else []
+        return [ToolCallEnd(call.index, complete=call.closed)] if call.started else []
 
 
 def build(facts: TokenizerFacts) -> HermesConfig:

@@ -94,7 +94,9 @@ class LlamaConfig(ToolFamily, frozen=True):
         if not isinstance(call, LlamaCall):
             return []
         if call.obj is not None:
-            return [ToolCallEnd(call.obj.index)] if call.obj.started else []
+            if not call.obj.started:
+                return []
+            return [ToolCallEnd(call.obj.index, complete=call.obj.closed)]
         return [ContentDelta(call.held)] if call.held and not call.after_call else []
 
 

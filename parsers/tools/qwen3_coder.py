@@ -12,51 +12,62 @@ Format (Qwen3-Coder chat template, https://huggingface.co/Qwen/Qwen3-Coder-30B-A
 
 `<tool_call>`/`</tool_call>` are added tokens (matched by id); the inner tags are plain text,
 so a tail that may be the start of one is held back (at most `len("</parameter>")` chars).
-Arguments stream as the JSON object vLLM builds, `{"KEY": VALUE, ...}`: one wrapping newline
-is trimmed from each value; a parameter whose schema type is only "string" (or that has no
-schema) streams as a JSON string as it arrives; any other is held until its closing tag and
-then written as the model's own JSON text when it decodes to an allowed type, else as a string
-(such a value is the one thing kept in the state).
+As in vLLM 0.33 (its parser-engine grammar for Qwen3):
+
+* the whole answer is read by this family: text is content, except that `<function=` also
+  opens a call without `<tool_call>`; text after `</tool_call>` is content again;
+* text before `<function=` inside `<tool_call>`, and after `</function>` up to `</tool_call>`,
+  is dropped (also after a call that had no `<tool_call>`); another `<function=` there starts
+  another call;
+* arguments stream as the JSON object vLLM builds, `{"KEY": VALUE, ...}`: one wrapping newline
+  is trimmed from each value; a value typed only "string" by the tool schema (or not in it)
+  streams as a JSON string as it arrives; any other is held until its closing tag and then
+  converted as vLLM converts it (`parsers.schema_values`);
+* a call cut by the end of the output inside a value stays as streamed (the JSON unterminated);
+  cut elsewhere, its object is closed.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import msgspec
 
-from parsers.events import Event, ToolArgsDelta, ToolCallEnd, ToolCallStart
+from parsers.events import ContentDelta, Event, ToolArgsDelta, ToolCallEnd, ToolCallStart
 from parsers.facts import TokenizerFacts
 from parsers.family import FamilyState, Marker, ReasoningFamily, ToolFamily
 from parsers.request import ParseRequest
+from parsers.schema_values import convert_value, tool_parameter_types
+from parsers.structural_tag import TagSpelling, json_call_format
 
 __all__ = ["XmlCall", "XmlConfig", "build"]
 
-_PREAMBLE = 0  # before <function=
+_PREAMBLE = 0  # after <tool_call>, before <function=
 _NAME = 1  # reading the function name up to ">"
 _BODY = 2  # between parameters
 _PARAM_NAME = 3  # reading a parameter name up to ">"
 _VALUE = 4  # reading a parameter value
-_AFTER = 5  # after </function>
+_AFTER = 5  # after </function>, before </tool_call>
+_CONTENT = 6  # answer text outside <tool_call>
 
 _FUNC = "<function="
 _FUNC_END = "</function>"
 _PARAM = "<parameter="
 _PARAM_END = "</parameter>"
 _VALUE_ENDS = (_PARAM_END, _PARAM, _FUNC_END)
+_BODY_TAGS = (_PARAM, _FUNC_END, _FUNC)
+_FUNC_ONLY = (_FUNC,)
 
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "object": (dict,),
-    "array": (list,),
-    "null": (type(None),),
-}
+# xgrammar's builtin `qwen_3_coder` template, as vLLM 0.33 renders it.
+_TAG = TagSpelling(begin="<tool_call>\n<function={name}>\n", end="\n</function>\n</tool_call>")
+_TRIGGER = "<tool_call>\n<function="
+_EXCLUDES = ("<think>", "</think>")
+
+_encode = msgspec.json.encode
 
 
 class XmlCall(FamilyState, frozen=True, tag="xml", gc=False):
-    """State inside one `<tool_call>`; holds at most one partial tag or one typed value."""
+    """State of the answer or of one `<tool_call>`; holds at most one partial tag or typed value."""
 
     index: int
     mode: int = _PREAMBLE
@@ -64,10 +75,10 @@ class XmlCall(FamilyState, frozen=True, tag="xml", gc=False):
     name: str = ""
     started: bool = False
     params: int = 0  # parameters written so far
-    typed: tuple[str, ...] = ()  # allowed JSON types of the current value; () streams a string
+    typed: frozenset[str] = frozenset()  # types of the current value; empty streams a string
     at_value_start: bool = True
     newline_held: bool = False  # a trailing "\n" that may be the wrapping newline
-    value: str = ""  # a typed (non-string) value, collected until its closing tag
+    value: str = ""  # a typed value, collected until its closing tag
 
 
 class XmlConfig(ToolFamily, frozen=True):
@@ -78,10 +89,16 @@ class XmlConfig(ToolFamily, frozen=True):
     end_id: int
     end_text: str
     family: str = "qwen3_coder"
-    typed_params: dict[str, dict[str, tuple[str, ...]]] = msgspec.field(default_factory=dict)
+    typed_params: dict[str, dict[str, frozenset[str]]] = msgspec.field(default_factory=dict)
 
     #: vLLM's adjust_request sets skip_special_tokens=False for this family.
     keeps_special_tokens: ClassVar[bool] = True
+    #: Text after a call is content (vLLM's engine streams it).
+    drops_text_after_calls: ClassVar[bool] = False
+    #: With calls off, vLLM's engine still reads `<tool_call>` markup and drops it.
+    swallows_inactive_markup: ClassVar[bool] = True
+    #: vLLM 0.33 runs this family on its parser engine (the `Qwen3Parser` grammar).
+    engine: ClassVar[bool] = True
 
     def markers(self) -> tuple[Marker, ...]:
         """`<tool_call>` and `</tool_call>`; the inner tags are plain text."""
@@ -92,40 +109,55 @@ class XmlConfig(ToolFamily, frozen=True):
 
     def bind(self, request: ParseRequest, reasoning: ReasoningFamily | None) -> XmlConfig:
         """This config with the request's tool schemas."""
-        typed: dict[str, dict[str, tuple[str, ...]]] = {}
-        for tool in request.tools or []:
-            function = tool.get("function") or {}
-            properties = (function.get("parameters") or {}).get("properties") or {}
-            types = {k: _schema_types(v) for k, v in properties.items() if isinstance(v, dict)}
-            typed[str(function.get("name"))] = {k: t for k, t in types.items() if t != ("string",)}
-        return msgspec.structs.replace(self, typed_params=typed)
+        return msgspec.structs.replace(self, typed_params=tool_parameter_types(request.tools))
 
     def structural_tag(self, request: ParseRequest, strict_level: str) -> str | None:
-        """Not produced yet: vLLM uses xgrammar's `qwen_3_coder` template (see docs/compat.md)."""
-        return None
+        """vLLM's tag from xgrammar's `qwen_3_coder` template for this request, or None."""
+        return json_call_format(
+            _TAG, _TRIGGER, list(_EXCLUDES), request, strict_level, style="qwen_xml"
+        )
+
+    def start_is_text(self, call: FamilyState) -> bool:
+        """`<tool_call>` inside a function body is text, as vLLM's grammar reads it there."""
+        return isinstance(call, XmlCall) and call.mode in (_PREAMBLE, _BODY, _PARAM_NAME, _VALUE)
 
     def begin(self, index: int) -> XmlCall:
-        """State for a call that just opened."""
+        """State for a call that just opened (`<tool_call>`)."""
         return XmlCall(index=index)
 
+    def begin_answer(self, index: int) -> XmlCall:
+        """The answer (or text after a call) starts: content until `<function=`."""
+        return XmlCall(index=index, mode=_CONTENT)
+
     def feed(self, call: FamilyState, text: str) -> tuple[FamilyState, list[Event]]:
-        """Scan more text of the call body."""
+        """Scan more text of the answer or of a call."""
         if not isinstance(call, XmlCall):
             return call, []
+        if not call.held and "<" not in text:
+            mode = call.mode
+            if mode == _VALUE and not (call.typed or call.at_value_start or call.newline_held):
+                if not text.endswith("\n"):  # the per-token hot path inside a string value
+                    return call, [ToolArgsDelta(call.index, _encode(text).decode()[1:-1])]
+            elif mode == _CONTENT:
+                return call, [ContentDelta(text)]
         out = _Out(call.index, call.started)
         call = self._scan(call, call.held + text, out)
         return call, out.events()
 
     def close(self, call: FamilyState) -> list[Event]:
-        """End the call: finish an open value and the object, as if the tags had closed."""
-        if not isinstance(call, XmlCall) or not (call.started or call.mode == _NAME):
+        """End of the call or output: close the object unless cut inside a value."""
+        if not isinstance(call, XmlCall):
             return []
         out = _Out(call.index, call.started)
+        if call.mode == _CONTENT:
+            if call.held:
+                out.items.append(ContentDelta(call.held))
+            return out.items
         if call.mode == _NAME:
             call = self._named(call, call.held, out)
-        if call.mode == _VALUE:
-            call = self._end_value(call, call.value + call.held, out)
-        if call.mode != _AFTER:
+        if not call.started or call.mode == _AFTER:
+            return out.events()  # never named, or ended at </function>
+        if call.mode != _VALUE:
             out.args("}" if call.params else "{}")
         out.flush()
         out.items.append(ToolCallEnd(call.index))
@@ -136,42 +168,59 @@ class XmlConfig(ToolFamily, frozen=True):
         call = rep(call, held="")
         while text:
             mode = call.mode
-            if mode == _AFTER:
-                return call
             if mode in (_NAME, _PARAM_NAME):
                 end = text.find(">")
                 if end < 0:
                     return rep(call, held=text)
-                name, text = text[:end].strip(), text[end + 1 :]
-                call = (
-                    self._named(call, name, out) if mode == _NAME else self._param(call, name, out)
-                )
+                name, text = text[:end], text[end + 1 :]
+                if mode == _PARAM_NAME:
+                    call = self._param(call, name, out)
+                elif name.endswith(_FUNC_END[:-1]):  # `<function=NAME</function>`: no body
+                    call = self._named(call, name[: -len(_FUNC_END) + 1], out)
+                    out.args("{}")
+                    out.end()
+                    call = rep(call, mode=_AFTER)
+                else:
+                    call = self._named(call, name, out)
                 continue
             if mode == _VALUE:
                 call, text = self._value(call, text, out)
                 continue
-            wanted = (_FUNC,) if mode == _PREAMBLE else (_PARAM, _FUNC_END)
+            wanted = _BODY_TAGS if mode == _BODY else _FUNC_ONLY
             found, at, tag = _find_first(text, wanted)
+            if mode == _CONTENT and at:
+                out.content(text[:at])
             if not found:
                 return rep(call, held=text[at:])  # maybe the start of a tag
             text = text[at + len(tag) :]
             if tag == _FUNC:
-                call = rep(call, mode=_NAME)
+                call = self._function(call, out)
             elif tag == _PARAM:
                 call = rep(call, mode=_PARAM_NAME)
             else:
                 out.args("}" if call.params else "{}")
+                out.end()
                 call = rep(call, mode=_AFTER)
         return call
 
+    def _function(self, call: XmlCall, out: _Out) -> XmlCall:
+        """`<function=`: a new call, ending the one in progress (vLLM starts another)."""
+        if call.started:
+            if call.mode == _BODY:
+                out.args("}" if call.params else "{}")
+                out.end()
+            call = XmlCall(index=call.index + 1)
+        return msgspec.structs.replace(call, mode=_NAME)
+
     def _named(self, call: XmlCall, name: str, out: _Out) -> XmlCall:
+        name = name.strip()
         if not call.started:
-            out.start(name)
+            out.start(call.index, name)
         return msgspec.structs.replace(call, mode=_BODY, name=name, started=True, held="")
 
     def _param(self, call: XmlCall, key: str, out: _Out) -> XmlCall:
-        out.args(("{" if call.params == 0 else ", ") + _json_string(key) + ": ")
-        typed = self.typed_params.get(call.name, {}).get(key, ())
+        out.args(("{" if call.params == 0 else ", ") + _encode(key).decode() + ": ")
+        typed = self.typed_params.get(call.name, {}).get(key, frozenset())
         if not typed:
             out.args('"')
         return msgspec.structs.replace(
@@ -202,39 +251,47 @@ class XmlConfig(ToolFamily, frozen=True):
         if held_nl:
             piece = piece[:-1]
         if piece:
-            out.args(_json_string(piece)[1:-1])
+            out.args(_encode(piece).decode()[1:-1])
         return rep(call, held=tail, newline_held=held_nl)
 
     def _end_value(self, call: XmlCall, piece: str, out: _Out) -> XmlCall:
         if call.typed:
-            value = _trim(piece)
-            out.args(_typed_json(value, call.typed))
+            out.args(convert_value(piece.removeprefix("\n").removesuffix("\n"), call.typed))
         else:
             if call.at_value_start:
                 piece = piece.removeprefix("\n")
             if call.newline_held:
                 piece = "\n" + piece
             piece = piece.removesuffix("\n")
-            out.args(_json_string(piece)[1:-1] + '"')
+            out.args(_encode(piece).decode()[1:-1] + '"')
         return msgspec.structs.replace(
-            call, mode=_BODY, held="", typed=(), newline_held=False, value=""
+            call, mode=_BODY, held="", typed=frozenset(), newline_held=False, value=""
         )
 
 
 class _Out:
-    """Collects events for one feed, joining argument pieces."""
+    """Collects events for one feed, joining argument pieces of the current call."""
 
     def __init__(self, index: int, started: bool) -> None:
         self.index, self.started = index, started
         self.items: list[Event] = []
         self.pending: list[str] = []
 
-    def start(self, name: str) -> None:
-        self.items.append(ToolCallStart(self.index, name))
-        self.started = True
+    def content(self, text: str) -> None:
+        self.items.append(ContentDelta(text))
+
+    def start(self, index: int, name: str) -> None:
+        self.flush()
+        self.index, self.started = index, True
+        self.items.append(ToolCallStart(index, name))
 
     def args(self, text: str) -> None:
         self.pending.append(text)
+
+    def end(self) -> None:
+        self.flush()
+        self.items.append(ToolCallEnd(self.index))
+        self.started = False
 
     def flush(self) -> None:
         if self.pending and self.started:
@@ -266,41 +323,10 @@ def _find_first(text: str, tags: tuple[str, ...]) -> tuple[bool, int, str]:
     if best >= 0:
         return True, best, best_tag
     # Hold back the shortest tail that could still grow into one of the tags.
-    for start in range(max(0, len(text) - max(map(len, tags)) + 1), len(text)):
-        tail = text[start:]
+    lt = text.find("<", max(0, len(text) - max(map(len, tags)) + 1))
+    while lt >= 0:
+        tail = text[lt:]
         if any(tag.startswith(tail) for tag in tags):
-            return False, start, ""
+            return False, lt, ""
+        lt = text.find("<", lt + 1)
     return False, len(text), ""
-
-
-def _schema_types(schema: dict[str, Any]) -> tuple[str, ...]:
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return (kind,)
-    if isinstance(kind, list):
-        return tuple(str(k) for k in kind)
-    if "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-        return ("string",)
-    return ("string",) if not schema else ("object", "array", "string")
-
-
-def _trim(value: str) -> str:
-    return value.removeprefix("\n").removesuffix("\n")
-
-
-def _json_string(text: str) -> str:
-    return msgspec.json.encode(text).decode()
-
-
-def _typed_json(value: str, types: tuple[str, ...]) -> str:
-    """The model's own text if it is JSON of an allowed type; otherwise a JSON string."""
-    allowed = tuple(t for name in types for t in _JSON_TYPES.get(name, ()))
-    try:
-        decoded = msgspec.json.decode(value.strip().encode())
-    except msgspec.DecodeError:
-        return _json_string(value)
-    if isinstance(decoded, bool) and bool not in allowed:
-        return _json_string(value)
-    if isinstance(decoded, allowed):
-        return value.strip()
-    return _json_string(value)

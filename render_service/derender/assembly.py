@@ -7,6 +7,7 @@ import time
 from parsers import (
     ContentDelta,
     Event,
+    Message,
     ReasoningDelta,
     ToolArgsDelta,
     ToolCallStart,
@@ -32,38 +33,19 @@ def chunk_usage(prompt_tokens: int | None, chunk: GenerateChunk) -> UsageInfo | 
 
 
 def message_parts(
-    events: list[Event], request_id: str, index: int, options: OutputOptions
+    answer: Message, request_id: str, index: int, options: OutputOptions
 ) -> tuple[str | None, str | None, list[ToolCall]]:
-    """Batch: events -> (reasoning, content, tool_calls) of one message."""
-    reasoning: list[str] = []
-    content: list[str] = []
-    names: dict[int, str] = {}
-    arguments: dict[int, list[str]] = {}
-    for event in events:
-        if isinstance(event, ReasoningDelta):
-            reasoning.append(event.text)
-        elif isinstance(event, ContentDelta):
-            content.append(event.text)
-        elif isinstance(event, ToolCallStart):
-            names[event.index] = event.name
-            arguments.setdefault(event.index, [])
-        elif isinstance(event, ToolArgsDelta):
-            arguments.setdefault(event.index, []).append(event.text)
+    """Batch: the normalized answer (`ChatParser.batch_answer`) -> (reasoning, content, calls)."""
     calls = [
         ToolCall(
-            id=tool_call_id(request_id, index, tool_index),
-            function=FunctionCall(
-                name=names[tool_index], arguments="".join(arguments.get(tool_index, []))
-            ),
+            id=tool_call_id(request_id, index, call.index),
+            function=FunctionCall(name=call.name, arguments=call.arguments),
         )
-        for tool_index in sorted(names)
-        if options.parallel_tool_calls or tool_index == 0
+        for call in answer.tool_calls
+        if options.parallel_tool_calls or call.index == 0
     ]
-    text: str | None = "".join(content) if content else None
-    if text is None and options.forced_tools:
-        text = ""
-    thinking = "".join(reasoning) if reasoning and options.include_reasoning else None
-    return thinking, text, calls
+    thinking = answer.reasoning if options.include_reasoning else None
+    return thinking, answer.content, calls
 
 
 def delta_parts(

@@ -83,7 +83,7 @@ def derender_chat(d: Derenderer, body: DerenderChatRequest) -> ChatCompletionRes
             stream=False,
         )
         parser = d.machine.parser(parse_request)
-        choices.append(_message_choice(d, state, choice, parser, stops))
+        choices.append(_message_choice(d, state, choice, parser, stops, parser_prompt))
     return ChatCompletionResponse(
         id=response.request_id,
         created=now(),
@@ -105,6 +105,7 @@ def _message_choice(
     choice: GenerateChoice,
     parser: ChatParser | None,
     stops: StopStrings,
+    parser_prompt: Sequence[int],
 ) -> ChatCompletionResponseChoice:
     options = state.options
     result = d.machine.step(state, choice, parser, finished=True, stops=stops)
@@ -112,12 +113,13 @@ def _message_choice(
     reasoning: str | None = None
     content: str | None = result.text
     calls: list[ToolCall] = []
-    if parser is not None:
-        reasoning, content, calls = message_parts(
-            result.events, state.request_id, choice.index, options
+    if parser is not None and result.parser_end is not None:
+        answer = parser.batch_answer(
+            result.events,
+            result.parser_end,
+            lambda: parser.without_tools().parse_whole(parser_prompt, result.kept_ids, result.text),
         )
-        if content is None and not calls and parser.reasoning is None and not result.text:
-            content = ""  # vLLM: without a reasoning parser the whole (empty) text is content
+        reasoning, content, calls = message_parts(answer, state.request_id, choice.index, options)
         if calls and finish_reason == "stop" and not options.named_tool:
             finish_reason = "tool_calls"
     hide = parser is not None and not options.include_reasoning

@@ -73,6 +73,8 @@ class ChunkResult:
     stop_reason: int | str | None
     #: A stop string ended the text (batch only): the finish reason is "stop".
     stopped: bool = False
+    #: Batch only: the parser's state at the end of the output (the batch rule reads it).
+    parser_end: ChatState | None = None
 
 
 class ChoiceMachine:
@@ -194,7 +196,7 @@ class ChoiceMachine:
                 parser_state, more = parser.finish(parser_state)
                 events.extend(more)
         if stops is not None:
-            return ChunkResult(text, events, kept, state, stop_reason, stopped)
+            return ChunkResult(text, events, kept, state, stop_reason, stopped, parser_state)
         new_state = msgspec.structs.replace(
             state,
             parser=parser_state,

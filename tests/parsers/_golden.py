@@ -258,7 +258,10 @@ def check_case(path: Path, stream_div: Divergences, batch_div: Divergences) -> N
         assert got == want, (path.stem, name, div)
     for i, choice in enumerate(case["response"].get("choices", [])):
         ids = output_ids(case, i)
-        got = ours(accumulate(run(parser, model, prompt, [ids])), parallel)
+        text = tokenizer(model).decode(ids, skip_special_tokens=False)
+        batch = parser.parse_batch(prompt, ids, text)
+        calls = [(c.name, c.arguments) for c in batch.tool_calls if parallel or c.index == 0]
+        got = (batch.reasoning, batch.content, calls)
         div = batch_div.get((path.stem, "batch"))
         if div is not None and div[0] == "own":
             continue

@@ -18,8 +18,6 @@ MALFORMED = (
     "malformed arguments stream as written up to where the arguments value closes, whatever "
     "the chunking (vLLM: depends on chunking; batch makes it content)"
 )
-UNCLOSED = "an unclosed call stays a call with partial arguments, as streamed (vLLM batch: content)"
-FORCED_EMPTY = "forced tool choice turns null content into '' in the derender layer, not the parser"
 
 STREAM: g.Divergences = {
     ("literal_tool_call_in_prose", "one_token"): ("batch", PLAIN_LOOKALIKE),
@@ -28,15 +26,9 @@ STREAM: g.Divergences = {
     ("tool_call_malformed_json", "random_1_5"): ("stream:one_token", MALFORMED),
     ("tool_call_malformed_json", "whole"): ("stream:one_token", MALFORMED),
 }
+# The batch answer is ChatParser.parse_batch (the documented batch rule); vLLM's batch
+# answers for malformed or cut calls, whitespace and forced choices follow from it.
 BATCH: g.Divergences = {
-    ("tool_call_malformed_json", "batch"): ("stream:one_token", MALFORMED),
-    ("tool_call_truncated_length", "batch"): ("stream:whole", UNCLOSED),
-    ("tool_choice_named", "batch"): ("stream:whole", FORCED_EMPTY),
-    ("tool_choice_required", "batch"): ("stream:whole", FORCED_EMPTY),
-    ("only_eos", "batch"): (
-        "stream:whole",
-        "an empty answer is null; '' is a derender-layer choice",
-    ),
     ("stop_string", "batch"): ("prefix", "stop strings are cut by the derender layer"),
 }
 

@@ -25,7 +25,6 @@ BARE_ARGS = (
     "bare arguments under a named tool choice are not a call: content, as in vLLM batch "
     "(vLLM streaming: they vanish)"
 )
-FORCED_EMPTY = "forced tool choice turns null content into '' in the derender layer, not the parser"
 
 STREAM: g.Divergences = {
     **{
@@ -48,14 +47,9 @@ STREAM: g.Divergences = {
         for chunking in ("one_token", "random_1_5", "whole")
     },
 }
-BATCH: g.Divergences = {
-    ("tool_choice_named", "batch"): ("stream:one_token", FORCED_EMPTY),
-    ("tool_choice_required", "batch"): ("stream:one_token", FORCED_EMPTY),
-    ("only_eot", "batch"): (
-        "stream:whole",
-        "an empty answer is null; '' is a derender-layer choice",
-    ),
-}
+# The batch answer is ChatParser.parse_batch (the documented batch rule), which gives vLLM's
+# batch answers for forced choices and empty answers.
+BATCH: g.Divergences = {}
 
 CASES = g.chat_cases(MODEL)
 needs_shared = pytest.mark.skipif(not g.shared_present(), reason="../shared is absent")

@@ -27,6 +27,7 @@ DIRECTORIES = [
     "llama-3.1-instruct",
     "qwen2.5-vl",
     "deepseek-v3.1",
+    "qwen3-coder",
 ]
 
 
