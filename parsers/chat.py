@@ -241,6 +241,7 @@ class ChatParser(msgspec.Struct, frozen=True):
             reasoning_family=self.reasoning is not None or self.chat is not None,
             as_written=as_written,
             reasoning_lead=end.reasoning_lead,
+            validates_arguments=tools is None or tools.validates_arguments,
         )
 
     def parse_whole(

@@ -157,6 +157,11 @@ class ToolFamily(msgspec.Struct, frozen=True):
     #: whitespace-only content waits for text and is dropped once a call starts, and the batch
     #: answer follows the engine rules of `parsers.message.batch_message`.
     engine: ClassVar[bool] = False
+    #: vLLM's batch path parses the arguments as JSON (hermes, llama3_json): a call that is not
+    #: valid JSON makes the batch answer the output as written. False where it takes them as
+    #: text (deepseek_v31): calls are kept as written, and those whose markup never closed
+    #: (`ToolCallEnd.complete`) are dropped.
+    validates_arguments: ClassVar[bool] = True
 
     def markers(self) -> tuple[Marker, ...]:
         """This family's marker tokens for the tokenizer it was built for."""

@@ -9,7 +9,9 @@ rules, in order (docs/compat.md, "The batch answer"):
 0. **Whitespace before a start marker** (DeepSeek-R1's `"\n<think>reasoning"`): whitespace-only
    reasoning before a `<think>` that the reasoning absorbed is not reasoning.
 1. **Calls that are not complete**: arguments that are not JSON (a call cut by max_tokens or
-   a stop string, malformed JSON), or markup the family saw never close (`ToolCallEnd.complete`). `engine` families (vLLM's parser engine: qwen3_coder, ...) keep the call with
+   a stop string, malformed JSON), or markup the family saw never close (`ToolCallEnd.complete`).
+   Families whose vLLM batch path takes arguments as text (`validates_arguments` false:
+   deepseek_v31) keep every call whose markup closed, arguments as written, and drop the others. `engine` families (vLLM's parser engine: qwen3_coder, ...) keep the call with
    its complete members only (`{"a": 1, "b": "tex` becomes `{"a": 1}`, nothing complete `{}`).
    Other families answer with no calls and the answer as the model wrote it, markup included
    (`as_written`: the same output parsed with tool calling off); their complete calls' arguments
@@ -19,8 +21,9 @@ rules, in order (docs/compat.md, "The batch answer"):
    families also strip the whitespace around content.
 3. **Forced tool choice** (`required` or a named tool): a null content is `""`.
 4. **No content and no calls.** Other than `engine` families (which keep null), the content is
-   the answer as the model wrote it (a JSON object the stream dropped for having no name), or
-   `""` when nothing was written and there is no reasoning family (vLLM's legacy batch path).
+   the answer as the model wrote it (a JSON object the stream dropped for having no name; not
+   for families that take arguments as text, which keep null), or `""` when nothing was written
+   and there is no reasoning family (vLLM's legacy batch path).
 
 Only whitespace is ever removed from content (rules 2 and 4); text the model wrote stays.
 """
@@ -100,43 +103,46 @@ def batch_message(
     reasoning_family: bool,
     as_written: Callable[[], Message],
     reasoning_lead: int = 0,
+    validates_arguments: bool = True,
 ) -> Message:
     """The batch answer for an accumulated stream (the rules in this module's docstring).
 
-    `reasoning_lead` is the length of whitespace-only reasoning that came before a start marker
-    the family drops it for (rule 0).
+    `as_written` gives the same output parsed with tool calling off; `reasoning_lead` is the
+    length of whitespace-only reasoning before a start marker the family drops it for (rule 0);
+    `validates_arguments` is False for families whose vLLM batch path takes arguments as text.
     """
     message = streamed
     if reasoning_lead and message.reasoning is not None:
         message = msgspec.structs.replace(message, reasoning=message.reasoning[reasoning_lead:])
-    broken = [c for c in message.tool_calls if not (c.complete and _is_json(c.arguments))]
-    if broken and engine:
+    calls = message.tool_calls
+    if engine:
         calls = tuple(
-            msgspec.structs.replace(c, arguments=complete_members(c.arguments))
-            if c in broken
-            else c
-            for c in message.tool_calls
+            c if _is_json(c.arguments) else _with(c, complete_members(c.arguments)) for c in calls
         )
-        message = msgspec.structs.replace(message, tool_calls=calls)
-    elif broken:
-        message = msgspec.structs.replace(as_written(), tool_calls=())
-    elif not engine:
-        calls = tuple(
-            msgspec.structs.replace(c, arguments=_redumped(c.arguments)) for c in message.tool_calls
-        )
-        message = msgspec.structs.replace(message, tool_calls=calls)
+    elif not validates_arguments:
+        calls = tuple(c for c in calls if c.complete)
+    elif all(c.complete and _is_json(c.arguments) for c in calls):
+        calls = tuple(_with(c, _redumped(c.arguments)) for c in calls)
+    else:
+        message, calls = as_written(), ()
     content = message.content
-    if message.tool_calls and content is not None:
+    if calls and content is not None:
         content = content.strip() if engine else content
         if not content.strip():
             content = None
     if content is None and forced_tool_choice:
         content = ""
-    if content is None and not message.tool_calls and not engine:
-        content = as_written().content
-        if content is None and not reasoning_family:
-            content = ""
-    return msgspec.structs.replace(message, content=content)
+    if content is None and not calls and not engine:
+        written = as_written()
+        if validates_arguments:
+            content = written.content
+        if content is None and not reasoning_family and written.content is None:
+            content = ""  # nothing was written at all
+    return msgspec.structs.replace(message, content=content, tool_calls=calls)
+
+
+def _with(call: ToolCall, arguments: str) -> ToolCall:
+    return msgspec.structs.replace(call, arguments=arguments)
 
 
 def complete_members(arguments: str) -> str:

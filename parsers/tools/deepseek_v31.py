@@ -92,6 +92,8 @@ class DeepSeekV31Family(ToolFamily, frozen=True):
 
     #: Text after the section is content (vLLM streams it; its batch drops it: docs/compat.md).
     drops_text_after_calls: ClassVar[bool] = False
+    #: vLLM's batch takes arguments as text and drops calls without `<｜tool▁call▁end｜>`.
+    validates_arguments: ClassVar[bool] = False
 
     def markers(self) -> tuple[Marker, ...]:
         """The section markers open and close the state; the call markers are inner."""
@@ -178,7 +180,7 @@ def _section_marker(
     if spelling == CALL_BEGIN:
         return DeepSeekV31Section(index=section.index, mode=_NAME), _end_call(section)
     if spelling == CALL_END:
-        return DeepSeekV31Section(index=section.index), _end_call(section)
+        return DeepSeekV31Section(index=section.index), _end_call(section, complete=True)
     if section.mode != _NAME:
         # A separator outside a name is text of what it stands in (arguments, or content).
         return _section_text(section, spelling)
@@ -188,9 +190,10 @@ def _section_marker(
     return started, [ToolCallStart(section.index, section.name)]
 
 
-def _end_call(section: DeepSeekV31Section) -> list[Event]:
+def _end_call(section: DeepSeekV31Section, complete: bool = False) -> list[Event]:
+    """End the open call; it is complete only at its own `<｜tool▁call▁end｜>`."""
     if section.mode == _ARGS:
-        return [ToolCallEnd(section.index - 1)]
+        return [ToolCallEnd(section.index - 1, complete=complete)]
     return []
 
 
