@@ -1,0 +1,403 @@
+"""Harmony (gpt-oss): a token-level protocol of messages, parsed as a value-in value-out machine.
+
+The model writes messages ``<|start|>ROLE<|channel|>CHANNEL [to=RECIPIENT] [<|constrain|>TYPE]
+<|message|>TEXT<|end|>`` (or ``<|call|>`` after a tool call, ``<|return|>`` after the answer); the
+first header's role is the prompt's (it ends with ``<|start|>assistant``). Format:
+https://cookbook.openai.com/articles/openai-harmony.
+
+What a message becomes follows vLLM 0.33.0's gpt-oss path (`HarmonyParser` over oss-harmony's
+`StreamableParser`, which it feeds every output id): ``analysis`` is reasoning, ``final`` and
+``commentary`` without a recipient are content, a recipient that names a function
+(``functions.NAME``, or any name that is not a built-in tool) is a tool call whose arguments are
+the text as written; built-in tools (``browser``, ``python``, ``container``) and unknown channels are
+dropped, except that an ``analysis`` message stays reasoning. Headers are parsed like
+`StreamableParser` does, errors included: a header that does not parse drops its message, ids
+between messages that are not ``<|start|>`` are dropped, and an output that ends inside a header
+becomes content (the raw text since the last message). Where we differ (docs/compat.md): messages
+not written by the assistant are dropped, a message's unfinished character is flushed as U+FFFD
+(streaming then equals batch), and a header longer than `MAX_HEADER_BYTES` stops the parsing: the
+rest of the output is content as written.
+
+The state holds the open message's kind, the bytes of an unfinished character and at most
+`MAX_HEADER_BYTES` of header text: never the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import msgspec
+
+from parsers.errors import UnsupportedModelError
+from parsers.events import (
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from parsers.facts import TokenizerFacts
+
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "HarmonyConfig",
+    "HarmonyHeader",
+    "HarmonyParser",
+    "HarmonyState",
+    "parse_header",
+]
+
+#: Header bytes kept before the output is taken as not Harmony (real headers are under 100).
+MAX_HEADER_BYTES: Final = 256
+
+# Modes.
+EXPECT_START: Final = 0
+HEADER: Final = 1
+BODY: Final = 2
+RAW: Final = 3
+
+# What the open message's text is.
+DROP: Final = 0
+REASONING: Final = 1
+CONTENT: Final = 2
+TOOL: Final = 3
+
+_ROLES: Final = frozenset({"user", "assistant", "system", "developer", "tool"})
+_BUILTIN_TOOLS: Final = frozenset({"python", "browser", "container"})
+_CHANNEL: Final = "<|channel|>"
+_CONSTRAIN: Final = "<|constrain|>"
+# Rust's `char::is_whitespace` (Unicode White_Space) and `is_ascii_whitespace`: StreamableParser
+# trims and splits with these, which differ from Python's str.strip()/split().
+_WHITE_SPACE: Final = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
+    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_ASCII_WHITE_SPACE: Final = frozenset(" \t\n\x0c\r")
+
+
+class HarmonyHeader(msgspec.Struct, frozen=True, gc=False):
+    """A parsed message header: author, channel, recipient and content type."""
+
+    role: str
+    name: str | None = None
+    channel: str | None = None
+    recipient: str | None = None
+    content_type: str | None = None
+
+
+def _split_ascii_whitespace(text: str) -> list[str]:
+    parts: list[str] = []
+    start = -1
+    for i, ch in enumerate(text):
+        if ch in _ASCII_WHITE_SPACE:
+            if start >= 0:
+                parts.append(text[start:i])
+                start = -1
+        elif start < 0:
+            start = i
+    if start >= 0:
+        parts.append(text[start:])
+    return parts
+
+
+def parse_header(text: str, role: str | None) -> HarmonyHeader | None:
+    """Parse header text the way `StreamableParser` does; None where it raises.
+
+    `role` is the role the prompt implies for this message (the first one), else None and the
+    header must name it. An unknown role followed by more parts is a tool's name.
+    """
+    channel: str | None = None
+    at = text.find(_CHANNEL)
+    while at >= 0:
+        # The first channel counts (it must not be empty); later ones are cut out with their value.
+        after = text[at + len(_CHANNEL) :]
+        end = len(after)
+        for i, ch in enumerate(after):
+            if ch in _WHITE_SPACE or ch == "<":
+                end = i
+                break
+        if channel is None:
+            if end == 0:
+                return None
+            channel = after[:end]
+        text = text[:at] + after[end:]
+        at = text.find(_CHANNEL)
+    text = text.strip(_WHITE_SPACE)
+    if _CONSTRAIN in text:
+        text = text.replace(_CONSTRAIN, " " + _CONSTRAIN).strip(_WHITE_SPACE)
+    parts = _split_ascii_whitespace(text)
+    name: str | None = None
+    if role is None:
+        if not parts:
+            return None
+        named = parts[0]
+        name = named
+        if named in _ROLES:
+            role = named
+        elif len(parts) > 1 or named.startswith("to="):
+            parts.pop(0)
+            role = "tool"
+        else:
+            return None
+    if parts and parts[0] == role:
+        parts.pop(0)
+    recipient: str | None = None
+    content_type: str | None = None
+    if parts:
+        count = len(parts)
+        last = parts.pop()
+        if last.startswith("to="):
+            recipient = last[3:]
+        elif count == 1:
+            recipient = last
+        else:
+            content_type = last
+            if parts:
+                raw = parts.pop()
+                recipient = raw[3:] if raw.startswith("to=") else raw
+        if parts:
+            return None
+    return HarmonyHeader(
+        role=role,
+        name=name if role == "tool" else None,
+        channel=channel,
+        recipient=recipient,
+        content_type=content_type,
+    )
+
+
+def _normalize_recipient(recipient: str | None) -> str | None:
+    """vLLM cuts a `<|constrain|>` that older Harmony parsed into the recipient."""
+    if recipient is None:
+        return None
+    at = recipient.find(_CONSTRAIN)
+    if at < 0:
+        return recipient
+    return recipient[:at].rstrip() or None
+
+
+def _is_function(recipient: str) -> bool:
+    """vLLM's chat rule: any recipient but the assistant, markup and built-in tools is a function."""
+    if not recipient or recipient.startswith("<|"):
+        return False
+    if recipient.startswith("functions."):
+        return len(recipient) > len("functions.")
+    if recipient == "assistant":
+        return False
+    return recipient.split(".", 1)[0] not in _BUILTIN_TOOLS
+
+
+def message_kind(header: HarmonyHeader) -> int:
+    """What the message's text is: reasoning, content, a tool call's arguments, or dropped."""
+    if header.role != "assistant":
+        return DROP
+    recipient = _normalize_recipient(header.recipient)
+    if recipient is not None and _is_function(recipient):
+        return TOOL
+    if header.channel == "analysis":
+        return REASONING
+    if header.channel == "final" or (header.channel == "commentary" and recipient is None):
+        return CONTENT
+    return DROP
+
+
+def _take_text(pending: bytes) -> tuple[str, bytes]:
+    """Decode like StreamableParser per id: the valid prefix, one U+FFFD for one bad sequence.
+
+    Returns the text and the bytes still held (an unfinished character, or what follows a bad
+    sequence: StreamableParser reads those with the next id).
+    """
+    try:
+        return pending.decode(), b""
+    except UnicodeDecodeError as exc:
+        text = pending[: exc.start].decode()
+        if exc.end >= len(pending) and exc.reason == "unexpected end of data":
+            return text, pending[exc.start :]
+        return text + "\ufffd", pending[exc.end :]
+
+
+class HarmonyState(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A Harmony stream between chunks. New fields go last, with defaults."""
+
+    mode: int = HEADER
+    #: No header has parsed yet: the next one may leave out the role (it is the assistant).
+    first: bool = True
+    #: Bytes of the ids since the last finished message: an output ending in a header shows them.
+    raw: bytes = b""
+    #: Where the open header starts in `raw`.
+    header_at: int = 0
+    #: The open message's kind (BODY mode).
+    kind: int = DROP
+    #: Bytes of an unfinished character (BODY and RAW modes).
+    pending: bytes = b""
+    #: Tool calls started so far (the next call's index).
+    tools_started: int = 0
+
+    @property
+    def tools_emitted(self) -> bool:
+        """Whether any tool call was emitted (finish_reason "tool_calls")."""
+        return self.tools_started > 0
+
+
+class HarmonyConfig(msgspec.Struct, frozen=True):
+    """Per-model constants: the framing token ids and every id's bytes."""
+
+    start_id: int
+    message_id: int
+    #: <|end|>, <|return|>, <|call|>: they close a message (StreamableParser's stop tokens).
+    stop_ids: frozenset[int]
+    #: The bytes each id stands for (special tokens: their spelling); ids past the end have none.
+    token_bytes: Sequence[bytes]
+
+    @classmethod
+    def build(cls, facts: TokenizerFacts, token_bytes: Sequence[bytes]) -> HarmonyConfig:
+        """Read the framing ids from the tokenizer; `token_bytes[i]` is id i's bytes."""
+        ids = {
+            text: facts.marker_id(text, "harmony")
+            for text in ("<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>")
+        }
+        if len(token_bytes) <= max(ids.values()):
+            raise UnsupportedModelError("harmony needs the bytes of every framing token")
+        return cls(
+            start_id=ids["<|start|>"],
+            message_id=ids["<|message|>"],
+            stop_ids=frozenset((ids["<|end|>"], ids["<|return|>"], ids["<|call|>"])),
+            token_bytes=token_bytes,
+        )
+
+
+class HarmonyParser(msgspec.Struct, frozen=True):
+    """One request's Harmony parser: `start`, `feed` and `finish` over a `HarmonyState`.
+
+    `reasoning`: analysis text is reported (vLLM: a reasoning parser is set and the request
+    includes reasoning). `tools`: tool calls are reported (vLLM: a tool parser is set and the
+    request keeps tool calls); otherwise they are dropped, never content.
+    """
+
+    config: HarmonyConfig
+    reasoning: bool = True
+    tools: bool = False
+
+    @property
+    def marker_ids(self) -> frozenset[int]:
+        """Ids that frame messages (for callers that split chunks at markers)."""
+        return frozenset((self.config.start_id, self.config.message_id, *self.config.stop_ids))
+
+    def start(self, prompt_token_ids: Sequence[int] = ()) -> HarmonyState:
+        """The output opens the header of an assistant message (the prompt ends with its role)."""
+        return HarmonyState()
+
+    def feed(
+        self, state: HarmonyState, token_ids: Sequence[int], text: str = ""
+    ) -> tuple[HarmonyState, list[Event]]:
+        """Parse one chunk of ids; `text` is not used (Harmony is read from the ids' bytes)."""
+        events: list[Event] = []
+        config = self.config
+        table = config.token_bytes
+        size = len(table)
+        mode, first, raw = state.mode, state.first, state.raw
+        header_at, kind, pending = state.header_at, state.kind, state.pending
+        started = state.tools_started
+        run: list[bytes] = []  # bytes of the message ids read since the last decode, one per id
+        for token in token_ids:
+            data = table[token] if 0 <= token < size else b""
+            if mode == BODY:
+                if token not in config.stop_ids:
+                    run.append(data)
+                    continue
+                pending = self._text(kind, started, run, pending, events)
+                run.clear()
+                self._close(kind, started, pending, events)
+                mode, pending = EXPECT_START, b""
+            elif mode == RAW:
+                run.append(data)
+            elif mode == EXPECT_START:
+                # Ids between messages other than <|start|> are dropped (StreamableParser raises).
+                if token == config.start_id:
+                    raw += data
+                    mode, header_at = HEADER, len(raw)
+            elif token != config.message_id:
+                raw += data
+            else:
+                header = self._header(raw[header_at:], first)
+                if header is None:
+                    # The header is dropped, its text stays in `raw` (vLLM shows it at the end).
+                    mode = EXPECT_START
+                    continue
+                first, raw, header_at = False, b"", 0
+                mode, kind = BODY, message_kind(header)
+                if kind == TOOL and self.tools:
+                    recipient = _normalize_recipient(header.recipient) or ""
+                    events.append(ToolCallStart(started, recipient.removeprefix("functions.")))
+                    started += 1
+            if len(raw) > MAX_HEADER_BYTES:
+                # Not Harmony: everything since the last message is content, as is the rest.
+                mode, run, raw, header_at, kind = RAW, [raw], b"", 0, CONTENT
+        if run:
+            pending = self._text(kind, started, run, pending, events)
+        new = HarmonyState(mode, first, raw, header_at, kind, pending, started)
+        return new, events
+
+    def finish(self, state: HarmonyState) -> tuple[HarmonyState, list[Event]]:
+        """End of output: close the open message, or show an unclosed header as content."""
+        events: list[Event] = []
+        if state.mode in (BODY, RAW):
+            self._close(state.kind, state.tools_started, state.pending, events)
+        elif state.mode == HEADER and state.raw:
+            events.append(ContentDelta(state.raw.decode(errors="replace")))
+        return HarmonyState(EXPECT_START, state.first, tools_started=state.tools_started), events
+
+    def _header(self, data: bytes, first: bool) -> HarmonyHeader | None:
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return None
+        return parse_header(text, "assistant" if first else None)
+
+    def _text(
+        self, kind: int, started: int, run: list[bytes], pending: bytes, events: list[Event]
+    ) -> bytes:
+        """Decode a run of message ids' bytes and report the text; returns the bytes still held.
+
+        Valid UTF-8 decodes in one go; a bad sequence is read id by id as StreamableParser does,
+        so each chunk's text is the same as vLLM's.
+        """
+        data = pending + b"".join(run)
+        try:
+            text, held = data.decode(), b""
+        except UnicodeDecodeError as exc:
+            if exc.reason != "unexpected end of data" or exc.end < len(data):
+                return self._text_by_id(kind, started, run, pending, events)
+            text, held = data[: exc.start].decode(), data[exc.start :]
+        self._emit(kind, started, text, events)
+        return held
+
+    def _text_by_id(
+        self, kind: int, started: int, run: list[bytes], pending: bytes, events: list[Event]
+    ) -> bytes:
+        parts: list[str] = []
+        for data in run:
+            text, pending = _take_text(pending + data)
+            parts.append(text)
+        self._emit(kind, started, "".join(parts), events)
+        return pending
+
+    def _emit(self, kind: int, started: int, text: str, events: list[Event]) -> None:
+        if not text:
+            return
+        if kind == CONTENT:
+            events.append(ContentDelta(text))
+        elif kind == REASONING:
+            if self.reasoning:
+                events.append(ReasoningDelta(text))
+        elif kind == TOOL and self.tools:
+            events.append(ToolArgsDelta(started - 1, text))
+
+    def _close(self, kind: int, started: int, pending: bytes, events: list[Event]) -> None:
+        """A message ends: its unfinished character becomes U+FFFD, a tool call ends."""
+        if pending:
+            self._emit(kind, started, pending.decode(errors="replace"), events)
+        if kind == TOOL and self.tools:
+            events.append(ToolCallEnd(started - 1))
