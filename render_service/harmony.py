@@ -129,7 +129,7 @@ def _flatten(content: Any) -> str | None:
     texts = [
         part if isinstance(part, str) else part.get("text")
         for part in content
-        if isinstance(part, str) or isinstance(part, dict)
+        if isinstance(part, (str, dict))
     ]
     kept = [text for text in texts if text is not None]
     return "".join(kept) if kept else None
