@@ -24,8 +24,9 @@ The state holds the open message's kind, the bytes of an unfinished character an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -39,6 +40,8 @@ from parsers.events import (
     ToolCallStart,
 )
 from parsers.facts import TokenizerFacts
+from parsers.request import ParseRequest
+from parsers.structural_tag import _constrained_functions, _json_content
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -46,6 +49,9 @@ __all__ = [
     "HarmonyHeader",
     "HarmonyParser",
     "HarmonyState",
+    "harmony_output_tag",
+    "harmony_tools_format",
+    "harmony_tools_tag",
     "parse_header",
 ]
 
@@ -401,3 +407,160 @@ class HarmonyParser(msgspec.Struct, frozen=True):
             self._emit(kind, started, pending.decode(errors="replace"), events)
         if kind == TOOL and self.tools:
             events.append(ToolCallEnd(started - 1))
+
+
+# ---- render: vLLM's structural tags for Harmony (xgrammar's JSON, byte for byte) -----------
+
+_END_TAG: Final = ["<|end|>", ""]
+_ANY_TEXT: Final[dict[str, Any]] = {"type": "any_text", "excludes": [], "max_tokens": None, "max_chars": None}
+_CALL_CHANNELS: Final = ("<|channel|>commentary", "<|channel|>analysis", "<|channel|>final")
+_JSON_CONSTRAINS: Final = (" json", " <|constrain|>json")
+_CALL_BEGINS: Final = (
+    " to=functions.{name}{channel}{constrain}<|message|>",
+    "{channel} to=functions.{name}{constrain}<|message|>",
+)
+_STRUCTURED_KINDS: Final = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def _tag(begin: str, content: dict[str, Any], end: Any = _END_TAG) -> dict[str, Any]:
+    return {"type": "tag", "begin": begin, "content": content, "end": end}
+
+
+def _final_begin(constrain: str) -> str:
+    return f"<|channel|>final{constrain}<|message|>"
+
+
+def _preamble(channel: str) -> dict[str, Any]:
+    """An optional whole message on `channel` before the constrained one."""
+    message = _tag(f"<|channel|>{channel}<|message|>", dict(_ANY_TEXT), "<|end|>")
+    start = {"type": "const_string", "value": "<|start|>assistant"}
+    return {"type": "optional", "content": {"type": "sequence", "elements": [message, start]}}
+
+
+def _assemble(commentary: bool, content: dict[str, Any]) -> dict[str, Any]:
+    elements = [_preamble("analysis")]
+    if commentary:
+        elements.append(_preamble("commentary"))
+    elements.append(content)
+    return {"type": "structural_tag", "format": {"type": "sequence", "elements": elements}}
+
+
+def _output_content(structured: dict[str, Any]) -> dict[str, Any] | None:
+    """vLLM's structured_outputs_to_format: the format the final answer must follow."""
+    if structured.get("json_object"):
+        return _json_schema({"type": "object"})
+    schema = structured.get("json")
+    if schema is not None:
+        return _json_schema(json.loads(schema) if isinstance(schema, str) else schema)
+    if structured.get("regex") is not None:
+        return {"type": "regex", "pattern": structured["regex"]}
+    if structured.get("choice") is not None:
+        choices = [{"type": "const_string", "value": c} for c in structured["choice"]]
+        return {"type": "or", "elements": choices}
+    if structured.get("grammar") is not None:
+        return {"type": "grammar", "grammar": structured["grammar"]}
+    tag = structured.get("structural_tag")
+    if tag is not None:
+        value = json.loads(tag) if isinstance(tag, str) else tag
+        if isinstance(value, dict) and "structures" in value:
+            legacy = [
+                _tag(s.get("begin"), _json_schema(s.get("schema")), s.get("end"))
+                for s in value["structures"]
+            ]
+            return {
+                "type": "triggered_tags",
+                "triggers": value.get("triggers"),
+                "tags": legacy,
+                "at_least_one": False,
+                "stop_after_first": False,
+                "excludes": [],
+            }
+        if isinstance(value, dict):
+            fmt = value.get("format")
+            return fmt if isinstance(fmt, dict) else None
+    return None
+
+
+def _json_schema(schema: Any) -> dict[str, Any]:
+    return {
+        "type": "json_schema",
+        "json_schema": schema,
+        "style": "json",
+        "any_order": False,
+        "max_whitespace_cnt": None,
+        "excludes": [],
+    }
+
+
+def harmony_output_tag(structured: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Structured outputs as vLLM's Harmony parser rewrites them: the constraint moves into
+    a structural tag on the final channel (after an optional analysis message).
+
+    `structured` is vLLM's StructuredOutputsParams as a dict (None: no constraint).
+    """
+    if structured is None:
+        return None
+    content = _output_content(structured)
+    if content is None:
+        return structured
+    if content["type"] == "json_schema":
+        final: dict[str, Any] = {
+            "type": "or",
+            "elements": [_tag(_final_begin(c), content) for c in _JSON_CONSTRAINS],
+        }
+    else:
+        final = _tag(_final_begin(""), content)
+    out = dict(structured)
+    out.update(dict.fromkeys(_STRUCTURED_KINDS))
+    out["structural_tag"] = json.dumps(_assemble(False, final))
+    return out
+
+
+def harmony_tools_format(request: ParseRequest, strict_level: str, auto: bool) -> Any:
+    """The tool-call alternatives (xgrammar `or` format) vLLM's "harmony" tag model builds,
+    or None when the request's tools are not constrained (see `_constrained_functions`)."""
+    constrained = _constrained_functions(request, strict_level)
+    if constrained is None:
+        return None
+    functions, level = constrained
+    tags = [
+        _tag(
+            pattern.format(name=function.get("name", ""), channel=channel, constrain=constrain),
+            _json_content(function, level),
+        )
+        for function in functions
+        for pattern in _CALL_BEGINS
+        for constrain in _JSON_CONSTRAINS
+        for channel in _CALL_CHANNELS
+    ]
+    if auto:
+        tags.extend(_tag(_final_begin(c), dict(_ANY_TEXT)) for c in (*_JSON_CONSTRAINS, ""))
+    return _assemble(True, {"type": "or", "elements": tags})
+
+
+def harmony_tools_tag(
+    structured: dict[str, Any] | None, request: ParseRequest, strict_level: str
+) -> str | None:
+    """The structural tag that replaces the structured outputs when tool calls are
+    constrained (vLLM's `_apply_structural_tag` with the "harmony" tag model), else None.
+
+    `structured` is what `harmony_output_tag` returned. Asked only when tool calls are parsed
+    (a tool parser with `--enable-auto-tool-choice`).
+    """
+    choice = request.effective_tool_choice
+    if not request.tools or choice not in ("auto", "required", "named"):
+        return None
+    auto = choice == "auto"
+    output = _output_content(structured) if auto and structured is not None else None
+    if auto and structured is not None and request.parallel_tool_calls is False:
+        # With structured outputs, auto keeps its format-only grammar: no stricter level.
+        request = msgspec.structs.replace(request, parallel_tool_calls=True)
+    tag = harmony_tools_format(request, strict_level, auto and output is None)
+    if tag is None:
+        return None
+    if output is not None:
+        tag = {
+            "type": "structural_tag",
+            "format": {"type": "or", "elements": [tag["format"], output]},
+        }
+    return json.dumps(tag)
