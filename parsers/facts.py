@@ -16,13 +16,23 @@ class TokenizerFacts(msgspec.Struct, frozen=True):
 
     added_tokens: dict[str, int]
     special_ids: frozenset[int]
+    #: Each id's bytes (special tokens: their spelling), for families that read output as bytes
+    #: (Harmony); empty unless the model needs it.
+    token_bytes: tuple[bytes, ...] = ()
 
     @classmethod
     def from_added_tokens(
-        cls, added_tokens: Mapping[str, int], special_ids: Iterable[int] = ()
+        cls,
+        added_tokens: Mapping[str, int],
+        special_ids: Iterable[int] = (),
+        token_bytes: tuple[bytes, ...] = (),
     ) -> TokenizerFacts:
         """Build from `{text: id}` of the added tokens and the ids flagged special."""
-        return cls(added_tokens=dict(added_tokens), special_ids=frozenset(special_ids))
+        return cls(
+            added_tokens=dict(added_tokens),
+            special_ids=frozenset(special_ids),
+            token_bytes=token_bytes,
+        )
 
     def marker_id(self, text: str, family: str) -> int:
         """Id of the added token spelled `text`; the family cannot run without it."""

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 import msgspec
 
-from parsers.errors import UnsupportedModelError
+from parsers.errors import ParserConfigError, UnsupportedModelError
 from parsers.events import (
     ContentDelta,
     Event,
@@ -40,15 +40,17 @@ from parsers.events import (
     ToolCallStart,
 )
 from parsers.facts import TokenizerFacts
+from parsers.family import ChatFamily, Family, FamilyState
 from parsers.request import ParseRequest
-from parsers.structural_tag import _constrained_functions, _json_content
+from parsers.structural_tag import RenderAdjustments, _constrained_functions, _json_content
 
 __all__ = [
     "MAX_HEADER_BYTES",
     "HarmonyConfig",
+    "HarmonyFamily",
     "HarmonyHeader",
-    "HarmonyParser",
     "HarmonyState",
+    "build",
     "harmony_output_tag",
     "harmony_tools_format",
     "harmony_tools_tag",
@@ -224,7 +226,7 @@ def _take_text(pending: bytes) -> tuple[str, bytes]:
         return text + "\ufffd", pending[exc.end :]
 
 
-class HarmonyState(msgspec.Struct, frozen=True, array_like=True, gc=False):
+class HarmonyState(FamilyState, frozen=True, tag="harmony", gc=False):
     """A Harmony stream between chunks. New fields go last, with defaults."""
 
     mode: int = HEADER
@@ -274,19 +276,57 @@ class HarmonyConfig(msgspec.Struct, frozen=True):
         )
 
 
-class HarmonyParser(msgspec.Struct, frozen=True):
-    """One request's Harmony parser: `start`, `feed` and `finish` over a `HarmonyState`.
+def build(facts: TokenizerFacts) -> HarmonyFamily:
+    """The registry's constructor: needs the tokenizer's per-id bytes (`facts.token_bytes`)."""
+    return HarmonyFamily(HarmonyConfig.build(facts, facts.token_bytes))
 
-    `reasoning`: analysis text is reported (vLLM: a reasoning parser is set and the request
-    includes reasoning). `tools`: tool calls are reported (vLLM: a tool parser is set and the
-    request keeps tool calls); otherwise they are dropped, never content.
+
+class HarmonyFamily(ChatFamily, frozen=True):
+    """Harmony as a chat family: `start`, `feed` and `finish` over a `HarmonyState`.
+
+    Registered as the `openai_gptoss` reasoning parser and the `openai` tool parser; `bind` sets
+    the switches for one request. `reasoning`: analysis text is reported (a reasoning parser is
+    set and the request includes reasoning). `tools`: tool calls are reported (a tool parser is
+    set and vLLM keeps the request's calls); otherwise they are dropped, never content.
     """
 
     config: HarmonyConfig
     reasoning: bool = True
     tools: bool = False
+    #: The bound request, and whether a tool parser is set (its structural tag applies).
+    request: ParseRequest | None = None
+    tool_parser: bool = False
 
-    @property
+    def bind(
+        self, request: ParseRequest, reasoning: Family | None, tools: Family | None
+    ) -> HarmonyFamily:
+        for family in (reasoning, tools):
+            if family is not None and not isinstance(family, HarmonyFamily):
+                raise ParserConfigError(
+                    f"Harmony output needs the openai_gptoss and openai parsers, not "
+                    f"{type(family).__name__}"
+                )
+        choice = request.effective_tool_choice
+        keeps = choice in ("required", "named") or (choice == "auto" and bool(request.tools))
+        return HarmonyFamily(
+            self.config,
+            reasoning=reasoning is not None and request.include_reasoning,
+            tools=tools is not None and keeps,
+            request=request,
+            tool_parser=tools is not None,
+        )
+
+    def reasoning_ended(self, prompt_token_ids: Sequence[int]) -> bool | None:
+        """vLLM's gpt-oss reasoning parser reports reasoning as ended for every prompt."""
+        return True
+
+    def render_adjustments(self, strict_level: str) -> RenderAdjustments:
+        """The tool-call structural tag (render adds the structured-outputs one itself:
+        `harmony_output_tag`, `harmony_tools_tag`)."""
+        if not self.tool_parser or self.request is None:
+            return RenderAdjustments()
+        return RenderAdjustments(structural_tag=harmony_tools_tag(None, self.request, strict_level))
+
     def marker_ids(self) -> frozenset[int]:
         """Ids that frame messages (for callers that split chunks at markers)."""
         return frozenset((self.config.start_id, self.config.message_id, *self.config.stop_ids))
@@ -296,9 +336,10 @@ class HarmonyParser(msgspec.Struct, frozen=True):
         return HarmonyState()
 
     def feed(
-        self, state: HarmonyState, token_ids: Sequence[int], text: str = ""
+        self, state: FamilyState, token_ids: Sequence[int], text: str = ""
     ) -> tuple[HarmonyState, list[Event]]:
         """Parse one chunk of ids; `text` is not used (Harmony is read from the ids' bytes)."""
+        assert isinstance(state, HarmonyState)
         events: list[Event] = []
         config = self.config
         table = config.token_bytes
@@ -346,8 +387,9 @@ class HarmonyParser(msgspec.Struct, frozen=True):
         new = HarmonyState(mode, first, raw, header_at, kind, pending, started)
         return new, events
 
-    def finish(self, state: HarmonyState) -> tuple[HarmonyState, list[Event]]:
+    def finish(self, state: FamilyState) -> tuple[HarmonyState, list[Event]]:
         """End of output: close the open message, or show an unclosed header as content."""
+        assert isinstance(state, HarmonyState)
         events: list[Event] = []
         if state.mode in (BODY, RAW):
             self._close(state.kind, state.tools_started, state.pending, events)
@@ -412,7 +454,12 @@ class HarmonyParser(msgspec.Struct, frozen=True):
 # ---- render: vLLM's structural tags for Harmony (xgrammar's JSON, byte for byte) -----------
 
 _END_TAG: Final = ["<|end|>", ""]
-_ANY_TEXT: Final[dict[str, Any]] = {"type": "any_text", "excludes": [], "max_tokens": None, "max_chars": None}
+_ANY_TEXT: Final[dict[str, Any]] = {
+    "type": "any_text",
+    "excludes": [],
+    "max_tokens": None,
+    "max_chars": None,
+}
 _CALL_CHANNELS: Final = ("<|channel|>commentary", "<|channel|>analysis", "<|channel|>final")
 _JSON_CONSTRAINS: Final = (" json", " <|constrain|>json")
 _CALL_BEGINS: Final = (

@@ -9,6 +9,7 @@ from typing import Any, Literal, overload
 
 import msgspec
 
+from parsers import harmony
 from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
 from parsers.family import ChatFamily, Family, FamilyState, ReasoningFamily, ToolFamily
@@ -46,6 +47,8 @@ FAMILIES: tuple[ParserFamily, ...] = (
     ParserFamily("llama3_json", "tool", llama3_json.build, llama3_json.LlamaCall),
     ParserFamily("llama4_json", "tool", llama3_json.build, llama3_json.LlamaCall),
     ParserFamily("deepseek_v31", "tool", deepseek_v31.build, deepseek_v31.DeepSeekV31Section),
+    ParserFamily("openai_gptoss", "reasoning", harmony.build, harmony.HarmonyState),
+    ParserFamily("openai", "tool", harmony.build, harmony.HarmonyState),
 )
 
 

@@ -31,7 +31,7 @@ from parsers.facts import TokenizerFacts
 from parsers.harmony import (
     MAX_HEADER_BYTES,
     HarmonyConfig,
-    HarmonyParser,
+    HarmonyFamily,
     HarmonyState,
     parse_header,
 )
@@ -209,7 +209,7 @@ def summarize(events: Sequence[Event]) -> Chunk:
 
 
 def stream(
-    parser: HarmonyParser, chunks: Sequence[Sequence[int]], roundtrip: bool = False
+    parser: HarmonyFamily, chunks: Sequence[Sequence[int]], roundtrip: bool = False
 ) -> list[Chunk]:
     state = parser.start()
     per_chunk: list[list[Event]] = []
@@ -403,7 +403,7 @@ def test_header_parses_as_streamable_parser_does(atoms: list[str], first: bool) 
 )
 def test_each_chunk_matches_the_reference(ids: list[int], sizes: list[int], tools: bool) -> None:
     chunks = chunked(ids, sizes)
-    parser = HarmonyParser(CONFIG, reasoning=True, tools=tools)
+    parser = HarmonyFamily(CONFIG, reasoning=True, tools=tools)
     assert stream(parser, chunks) == reference(chunks, tools)
 
 
@@ -412,7 +412,7 @@ def test_each_chunk_matches_the_reference(ids: list[int], sizes: list[int], tool
 def test_split_at_every_id_with_the_state_serialized_equals_batch(
     ids: list[int], tools: bool
 ) -> None:
-    parser = HarmonyParser(CONFIG, reasoning=True, tools=tools)
+    parser = HarmonyFamily(CONFIG, reasoning=True, tools=tools)
     one_by_one = stream(parser, [[token] for token in ids], roundtrip=True)
     assert total(one_by_one) == total(stream(parser, [ids]))
 
@@ -422,7 +422,7 @@ def test_split_at_every_id_with_the_state_serialized_equals_batch(
 
 def answer(text: str, tools: bool = True) -> Chunk:
     """Batch result of an output written as text (special tokens by their spelling)."""
-    return total(stream(HarmonyParser(CONFIG, reasoning=True, tools=tools), [encode(text)]))
+    return total(stream(HarmonyFamily(CONFIG, reasoning=True, tools=tools), [encode(text)]))
 
 
 def test_a_well_formed_answer() -> None:
@@ -444,7 +444,7 @@ def test_tool_calls_are_dropped_when_not_kept() -> None:
 
 
 def test_a_header_that_never_closes_is_content_at_the_end() -> None:
-    parser = HarmonyParser(CONFIG, reasoning=True, tools=True)
+    parser = HarmonyFamily(CONFIG, reasoning=True, tools=True)
     chunks = stream(parser, [[token] for token in encode("<|channel|>final The capital is Paris.")])
     assert [c.content for c in chunks[:-1]] == [""] * (len(chunks) - 1)
     assert chunks[-1].content == "<|channel|>final The capital is Paris."
@@ -452,7 +452,7 @@ def test_a_header_that_never_closes_is_content_at_the_end() -> None:
 
 def test_a_header_longer_than_the_limit_turns_the_rest_into_content() -> None:
     text = "no harmony here, just words " * 200
-    parser = HarmonyParser(CONFIG, reasoning=True, tools=True)
+    parser = HarmonyFamily(CONFIG, reasoning=True, tools=True)
     state = parser.start()
     for token in encode(text):
         state, _ = parser.feed(state, [token])
@@ -508,14 +508,14 @@ def test_messages_of_other_authors_are_dropped() -> None:
 def test_a_cut_character_is_reported_when_its_message_ends() -> None:
     cut = [BYTE_IDS[b] for b in "😀".encode()][:2]
     ids = encode("<|channel|>final<|message|>x") + cut + [END]
-    parser = HarmonyParser(CONFIG, reasoning=True, tools=True)
+    parser = HarmonyFamily(CONFIG, reasoning=True, tools=True)
     assert total(stream(parser, [ids])).content == "x\ufffd"
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(NOISE, min_size=1, max_size=3000))
 def test_the_state_stays_small_on_any_ids(ids: list[int]) -> None:
-    parser = HarmonyParser(CONFIG, reasoning=True, tools=True)
+    parser = HarmonyFamily(CONFIG, reasoning=True, tools=True)
     state = parser.start()
     for at in range(0, len(ids), 7):
         state, _ = parser.feed(state, ids[at : at + 7])

@@ -25,6 +25,18 @@ from parsers.family import FamilyState
 from parsers.registry import FAMILIES
 
 # The markers every registered family may need, with Qwen-like ids (no tokenizer needed).
+# Harmony's framing tokens (gpt-oss ids), with their bytes: the family reads output as bytes.
+HARMONY = {
+    "<|return|>": 200002,
+    "<|start|>": 200006,
+    "<|end|>": 200007,
+    "<|message|>": 200008,
+    "<|call|>": 200012,
+}
+TOKEN_BYTES = tuple(
+    {**{i: t.encode() for t, i in HARMONY.items()}, 9707: b"Hello"}.get(i, b"")
+    for i in range(200013)
+)
 FACTS = TokenizerFacts.from_added_tokens(
     {
         "<|endoftext|>": 151643,
@@ -40,8 +52,10 @@ FACTS = TokenizerFacts.from_added_tokens(
         "<｜tool▁call▁begin｜>": 128808,
         "<｜tool▁call▁end｜>": 128809,
         "<｜tool▁sep｜>": 128814,
+        **HARMONY,
     },
     special_ids=[151643, 151644, 151645],
+    token_bytes=TOKEN_BYTES,
 )
 REQUEST = ParseRequest(
     tools=[{"type": "function", "function": {"name": "f"}}], enable_auto_tools=True
@@ -49,7 +63,12 @@ REQUEST = ParseRequest(
 
 
 def test_vllm_names_registered() -> None:
-    assert set(known_reasoning_parsers()) >= {"qwen3", "deepseek_r1", "deepseek_v3"}
+    assert set(known_reasoning_parsers()) >= {
+        "qwen3",
+        "deepseek_r1",
+        "deepseek_v3",
+        "openai_gptoss",
+    }
     assert set(known_tool_parsers()) >= {
         "hermes",
         "qwen3_coder",
@@ -57,6 +76,7 @@ def test_vllm_names_registered() -> None:
         "llama3_json",
         "llama4_json",
         "deepseek_v31",
+        "openai",
     }
 
 
@@ -118,10 +138,14 @@ def test_every_tool_family_state_travels_in_the_chat_state(
     family: parsers.registry.ParserFamily,
 ) -> None:
     parser = build_chat_parser(None, family.name, FACTS, REQUEST)
-    assert parser is not None and parser.tools is not None
-    start = next(m for m in parser.tools.markers() if m.role == "start")
+    assert parser is not None
     state = parser.start([151644, 77091, 198])
-    state, _ = parser.feed(state, [start.token_id, 9707], start.text + '{"name": "f", "argu')
+    if parser.chat is not None:  # a chat family (Harmony) reads the whole output
+        state, _ = parser.feed(state, [HARMONY["<|message|>"], 9707], "")
+    else:
+        assert parser.tools is not None
+        start = next(m for m in parser.tools.markers() if m.role == "start")
+        state, _ = parser.feed(state, [start.token_id, 9707], start.text + '{"name": "f", "argu')
     assert isinstance(state.call, family.state)
     for codec in (msgspec.json, msgspec.msgpack):
         assert codec.decode(codec.encode(state), type=ChatState) == state
