@@ -115,6 +115,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             env="RENDER_SERVICE_STATE_SECRET",
         ),
     ] = None
+    system_start_date: Annotated[
+        str | None,
+        Option(
+            "the date gpt-oss (Harmony) prompts give as 'Current date', e.g. 2026-01-01",
+            env="VLLM_SYSTEM_START_DATE",
+            default="the day of each request",
+        ),
+    ] = None
     max_logprobs: Annotated[
         int, Option("most logprob candidates per position in a derendered output (-1: any)")
     ] = 20

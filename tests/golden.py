@@ -43,11 +43,17 @@ def case_params(directories: list[str], kind: str) -> list[Any]:
     ]
 
 
+# vLLM environment variables of golden servers, and our flag for each.
+_ENV_FLAGS = {"VLLM_SYSTEM_START_DATE": "--system-start-date"}
+
+
 def server_argv(case: dict[str, Any]) -> list[str]:
     """Our ``serve`` argv for the server that produced a golden case."""
+    env = case.get("server_env") or {}
     return [
         str(model_dir(case["model"])),
         "--served-model-name",
         case["model"],
         *case["server_flags"],
+        *(arg for name, value in env.items() for arg in (_ENV_FLAGS[name], value)),
     ]

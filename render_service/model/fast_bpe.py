@@ -34,7 +34,7 @@ CHECK_TEXTS = (
 )
 
 
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2's mapping of bytes to printable characters, inverted."""
     printable = [
         *range(ord("!"), ord("~") + 1),
@@ -109,7 +109,7 @@ def build(tokenizer_json: str, backend: tokenizers.Tokenizer) -> FastEncoder | N
         return None
     if normalizer is not None and normalizer.get("type") != "NFC":
         return None
-    to_byte = _byte_decoder()
+    to_byte = byte_decoder()
     try:
         ranks = {bytes(to_byte[c] for c in token): rank for token, rank in model["vocab"].items()}
     except KeyError:

@@ -11,6 +11,7 @@ import msgspec
 import tokenizers
 
 from render_service.errors import InvalidRequest, ModelNotFound
+from render_service.model.harmony import HARMONY_MODEL_TYPES, HarmonyEncoder
 
 # config.json keys that bound the context, as vLLM reads them (the smallest wins).
 _CONTEXT_KEYS = (
@@ -137,6 +138,8 @@ class Model:
     info: ModelInfo
     hf_tokenizer: Any
     backend: tokenizers.Tokenizer
+    #: The Harmony encoding, for models vLLM renders with Harmony (gpt-oss).
+    harmony: HarmonyEncoder | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -203,4 +206,10 @@ def load_model(
         bos_token_id=hf_tokenizer.bos_token_id,
         chat_template=template,
     )
-    return Model(info=info, hf_tokenizer=hf_tokenizer, backend=hf_tokenizer.backend_tokenizer)
+    backend = hf_tokenizer.backend_tokenizer
+    harmony = None
+    if info.model_type in HARMONY_MODEL_TYPES:
+        harmony = HarmonyEncoder.load(
+            lambda text: backend.encode(text, add_special_tokens=False).ids
+        )
+    return Model(info=info, hf_tokenizer=hf_tokenizer, backend=backend, harmony=harmony)

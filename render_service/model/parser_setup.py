@@ -18,6 +18,7 @@ from parsers import (
     build_chat_parser,
 )
 from render_service.errors import invalid_param
+from render_service.model.harmony import token_bytes
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.generate import ParseContext
 
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from render_service.model.loading import Model
     from render_service.settings import Settings
 
+#: The parser names of Harmony models (gpt-oss), as vLLM 0.33 spells them.
+HARMONY_REASONING = "openai_gptoss"
+HARMONY_TOOLS = "openai"
 _PARSE_REQUEST_ENCODER = msgspec.msgpack.Encoder()
 # Parsers are configuration only, so requests with the same parse context share one.
 _PARSER_CACHE_SIZE = 512
@@ -78,9 +82,21 @@ class ParsingSetup:
             else None
         )
         tool = settings.tool_call_parser if settings.enable_auto_tool_choice else None
+        table: tuple[bytes, ...] = ()
+        if model.harmony is not None:
+            # vLLM picks its gpt-oss reasoning parser itself and refuses any other family.
+            reasoning = reasoning or HARMONY_REASONING
+            if reasoning != HARMONY_REASONING or tool not in (None, HARMONY_TOOLS):
+                raise SystemExit(
+                    f"gpt-oss output is Harmony: use --reasoning-parser {HARMONY_REASONING} "
+                    f"(the default) and --tool-call-parser {HARMONY_TOOLS}"
+                )
+            table = token_bytes(model.backend)
         if reasoning is None and tool is None:
             return None
-        facts = TokenizerFacts.from_added_tokens(model.added_tokens(), model.special_ids())
+        facts = TokenizerFacts.from_added_tokens(
+            model.added_tokens(), model.special_ids(), token_bytes=table
+        )
         setup = cls(reasoning, tool, facts)
         setup.parser(ParseRequest())
         return setup

@@ -230,13 +230,7 @@ def template_kwargs(
     request: ChatCompletionRequest | TokenizeChatRequest, settings: Settings
 ) -> dict[str, Any]:
     """vLLM's chat_template_kwargs: server defaults < request kwargs < top-level request fields."""
-    if isinstance(request, ChatCompletionRequest):
-        effort = request.reasoning_effort
-        effort_map = settings.reasoning_effort_map or {}
-        if effort is not None and effort in effort_map:
-            effort = effort_map[effort]
-    else:
-        effort = None
+    effort = reasoning_effort(request, settings)
     user_kwargs = dict(request.chat_template_kwargs or {})
     if "chat_template" in user_kwargs and not settings.trust_request_chat_template:
         raise untrusted_template()
@@ -254,6 +248,16 @@ def template_kwargs(
         if "enable_thinking" not in user_kwargs:
             merged["enable_thinking"] = effort != "none"
     return merged
+
+
+def reasoning_effort(
+    request: ChatCompletionRequest | TokenizeChatRequest, settings: Settings
+) -> str | None:
+    """The request's `reasoning_effort` after the server's `--reasoning-effort-map`."""
+    if not isinstance(request, ChatCompletionRequest) or request.reasoning_effort is None:
+        return None
+    effort = request.reasoning_effort
+    return str((settings.reasoning_effort_map or {}).get(effort, effort))
 
 
 def untrusted_template() -> InvalidRequest:

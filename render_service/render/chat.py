@@ -6,12 +6,19 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from parsers.harmony import harmony_output_tag, harmony_tools_tag
 from render_service.errors import InvalidRequest, invalid_param
 from render_service.model import templating
-from render_service.model.parser_setup import RenderHints, named_tool, resolve_tool_choice
+from render_service.model.parser_setup import (
+    ParsingSetup,
+    RenderHints,
+    named_tool,
+    resolve_tool_choice,
+)
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.generate import GenerateRequest, ParseContext, ReasoningParserKwargs
 from render_service.protocol.tokenize import TokenizeChatRequest
+from render_service.render.harmony import render_harmony
 from render_service.render.prompt import Prompt
 from render_service.render.request_checks import base_request_id, check_chat_request
 from render_service.render.sampling import (
@@ -41,7 +48,10 @@ def render_chat(
         raise InvalidRequest("Beam search is not supported by the render endpoint")
     check_chat_request(request)
     tool_choice = resolve_tool_choice(request)
-    _check_tool_choice_gate(renderer, tool_choice)
+    harmony = renderer.model.harmony
+    if harmony is None:
+        # vLLM's Harmony path lets any tool choice through (its tool calls vanish without a parser).
+        _check_tool_choice_gate(renderer, tool_choice)
     tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
     tools = [_tool_dump(t) for t in tools] if tools else None
     kwargs = templating.template_kwargs(request, renderer.settings)
@@ -56,25 +66,36 @@ def render_chat(
     ids = prompt.token_ids
     if not ids:
         raise InvalidRequest("No token_ids rendered")
+    input_len = len(ids)
+    truncate = request.truncate_prompt_tokens
+    if truncate is not None:
+        # vLLM budgets for the truncated length even where it did not truncate (Harmony).
+        input_len = min(
+            input_len, renderer.model.info.max_model_len if truncate == -1 else truncate
+        )
     max_tokens = renderer.prompts.max_tokens(
         request.max_completion_tokens
         if request.max_completion_tokens is not None
         else request.max_tokens,
-        len(ids),
+        input_len,
         "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens",
+        clamp=harmony is not None,
     )
     parse_context = ParseContext(
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
         include_reasoning=request.include_reasoning,
-        chat_template_kwargs=kwargs,
+        # vLLM parses Harmony output without template kwargs.
+        chat_template_kwargs=kwargs if harmony is None else {},
         history_tool_call_cnt=_history_tool_calls(request.messages),
     )
     parsing = renderer.parsing
     hints = parsing.render_hints(parse_context, ids) if parsing else RenderHints()
     structured = structured_outputs(request.structured_outputs, request.response_format)
-    if hints.structural_tag is not None:
+    if harmony is not None and parsing is not None:
+        structured = _harmony_structured(parsing, parse_context, structured)
+    elif hints.structural_tag is not None:
         structured = structured_outputs({"structural_tag": hints.structural_tag}, None)
     skip_special = request.skip_special_tokens if request.skip_special_tokens is not None else True
     if hints.skip_special_tokens is not None:
@@ -134,8 +155,20 @@ def render_messages(
     """The chat's prompt: messages through the chat template, tokenized, images expanded.
 
     ``media`` is the request's images already processed (``renderer.multimodal.prepare``);
-    without it, images are fetched and processed here, blocking.
+    without it, images are fetched and processed here, blocking. Harmony models (gpt-oss) are
+    rendered with the Harmony encoding instead of a template, as vLLM does.
     """
+    harmony = renderer.model.harmony
+    if harmony is not None:
+        ids = render_harmony(
+            harmony,
+            request.messages,
+            tools=tools,
+            reasoning_effort=templating.reasoning_effort(request, renderer.settings),
+            start_date=renderer.settings.system_start_date,
+        )
+        renderer.prompts.check_length(len(ids))
+        return Prompt(ids)
     template = _template(renderer, request.chat_template, kwargs)
     template_kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
     if not request.messages:
@@ -177,6 +210,20 @@ def render_messages(
     ids, features = media.expand(prompt.token_ids)
     renderer.prompts.check_length(len(ids))
     return Prompt(ids, None, features)
+
+
+def _harmony_structured(
+    parsing: ParsingSetup, context: ParseContext, structured: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """vLLM's Harmony adjust_request: structured outputs move into a structural tag on the final
+    channel; with a tool parser, a tool-call tag replaces them when calls are constrained."""
+    structured = harmony_output_tag(structured)
+    request = parsing.parse_request(context)
+    parser = parsing.parser(request)
+    if not parsing.has_tools or parser is None:
+        return structured
+    tag = harmony_tools_tag(structured, request, parser.tool_strict_level)
+    return structured if tag is None else structured_outputs({"structural_tag": tag}, None)
 
 
 def _check_tool_choice_gate(renderer: Renderer, tool_choice: str | dict[str, Any]) -> None:

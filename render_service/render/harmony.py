@@ -1,9 +1,7 @@
 """Harmony render for gpt-oss: a chat conversation to prompt ids, as vLLM 0.33.0 renders it.
 
 vLLM renders gpt-oss chats with the Harmony encoding of the `oss-harmony` package (module
-`openai_harmony`), not with the model's Jinja template; so do we. The package carries its own
-o200k vocabulary (it reads no file and opens no connection); `HarmonyEncoder.load` checks it
-against the model directory's tokenizer before use.
+`openai_harmony`), not with the model's Jinja template; so do we (`model.harmony`).
 
 `render_harmony` is the whole conversion: chat messages, tools and a reasoning effort in, prompt
 ids out (system message with the model identity, knowledge cutoff, date and effort; developer
@@ -15,53 +13,16 @@ convert to chat messages and call it.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from render_service.errors import InvalidRequest, invalid_param
+from render_service.model.harmony import HarmonyEncoder
 
-__all__ = ["REASONING_EFFORTS", "HarmonyEncoder", "render_harmony"]
+__all__ = ["REASONING_EFFORTS", "render_harmony"]
 
 #: Efforts Harmony can write into the system message.
 REASONING_EFFORTS = ("high", "medium", "low")
-
-# Texts whose ids must agree between the package's vocabulary and the model's tokenizer.
-_CHECK_TEXTS = (
-    "Hello, world! It's 12:30 — don't panic; 1234567890 3.14159",
-    "Да, конечно! 你好，世界。こんにちは 한국어 العربية हिन्दी 🌍🇫🇷👩‍👩‍👧",
-    "def f(x):\n    return {'a': [1, 2, 3]}\t\r\n  spaces   end  ",
-    "<|start|>assistant<|channel|>final<|message|>x<|end|><|call|><|return|><|constrain|>",
-)
-
-
-@dataclass(frozen=True)
-class HarmonyEncoder:
-    """The Harmony encoding, loaded once per model (the package's types stay in here)."""
-
-    encoding: Any
-    lib: Any
-
-    @classmethod
-    def load(cls, encode: Callable[[str], list[int]]) -> HarmonyEncoder:
-        """Load the package's encoding; `encode` is the model tokenizer's (special tokens on)."""
-        import openai_harmony
-
-        encoding = openai_harmony.load_harmony_encoding(
-            openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS
-        )
-        for text in _CHECK_TEXTS:
-            if list(encoding.encode(text, allowed_special="all")) != encode(text):
-                raise ValueError(
-                    "the model's tokenizer does not match the Harmony encoding of gpt-oss"
-                )
-        return cls(encoding, openai_harmony)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.encoding.encode(text))
-
-    def special(self, text: str) -> int:
-        return int(self.encoding.encode(text, allowed_special="all")[0])
 
 
 def render_harmony(

@@ -83,10 +83,16 @@ class PromptEncoder:
             if token < 0 or token >= vocab:
                 raise invalid_param(f"Token id {token} is out of vocabulary", param)
 
-    def max_tokens(self, requested: int | None, input_len: int, param: str) -> int:
-        """The output budget: the request's, the model's default, and what the context leaves."""
+    def max_tokens(
+        self, requested: int | None, input_len: int, param: str, clamp: bool = False
+    ) -> int:
+        """The output budget: the request's, the model's default, and what the context leaves.
+
+        `clamp`: a request above the context length is cut to it instead of refused (vLLM's
+        Harmony path skips that check).
+        """
         limit = self.model.info.max_model_len
-        if requested is not None and requested > limit:
+        if requested is not None and requested > limit and not clamp:
             raise invalid_param(
                 f"{param}={requested} cannot be greater than max_model_len={limit}. "
                 "Please request fewer output tokens.",

@@ -28,6 +28,8 @@ DIRECTORIES = [
     "qwen2.5-vl",
     "deepseek-v3.1",
     "qwen3-coder",
+    "gpt-oss",
+    "gpt-oss-openai-tools",
 ]
 
 
