@@ -34,6 +34,8 @@ DIRECTORIES = [
     "llama-3.1-instruct",
     "deepseek-v3.1",
     "qwen3-coder",
+    "gpt-oss",
+    "gpt-oss-openai-tools",
 ]
 
 PLAIN_LOOKALIKE = (
@@ -63,6 +65,46 @@ LLAMA_NOT_A_CALL = (
     "a JSON object that is not a call is content for any chunking (vLLM streaming drops it)"
 )
 LLAMA_BARE_ARGS = "bare arguments under a named tool choice are content (vLLM streaming drops them)"
+
+HARMONY_JOINED = (
+    "consecutive Harmony messages of one kind are concatenated as streamed (vLLM batch joins "
+    "them with a newline)"
+)
+HARMONY_ARGS = (
+    "tool arguments pass through as written (vLLM batch re-dumps them with \\uXXXX escapes)"
+)
+HARMONY_STOP_TOKEN = (
+    "the stop token that ended the output is not text: vLLM feeds it to the Harmony parser, "
+    "which keeps an unframed <|return|> or <|endoftext|> in the content"
+)
+HARMONY_STOP_STRING = "a stop string cuts the batch output (vLLM's Harmony batch path does not cut)"
+_CAPITAL = "The capital of France is Paris."
+_ASKS = "The user asks for the capital of France. It is Paris."
+_MODES = ("batch", "one_token", "random_1_5", "whole")
+# Harmony cases where no vLLM answer is ours (both gpt-oss directories serve model "gpt-oss").
+_HARMONY_EXPECTED: dict[tuple[str, str, str], tuple[dict[str, Any], str]] = {
+    **{
+        ("gpt-oss", case, mode): (final, HARMONY_STOP_TOKEN)
+        for case, final in (
+            ("only_return", {"reasoning": None, "content": None, "tool_calls": []}),
+            ("plain_text_no_markers", {"reasoning": None, "content": _CAPITAL, "tool_calls": []}),
+            (
+                "malformed_harmony",
+                {
+                    "reasoning": None,
+                    "content": "<|channel|>final The capital is Paris.",
+                    "tool_calls": [],
+                },
+            ),
+            ("endoftext_stop", {"reasoning": _ASKS, "content": _CAPITAL, "tool_calls": []}),
+        )
+        for mode in _MODES
+    },
+    ("gpt-oss", "stop_string", "batch"): (
+        {"reasoning": _ASKS, "content": "Line one.\n", "tool_calls": []},
+        HARMONY_STOP_STRING,
+    ),
+}
 
 DS_WHOLE = "a deepseek_v31 call in one generate chunk is a call (vLLM's whole chunking emits none)"
 DS_CLOSING_PIECE = "the last argument piece arriving with <｜tool▁call▁end｜> is kept (vLLM cuts what does not end in '\"}')"
@@ -101,10 +143,12 @@ EXPECTED: dict[tuple[str, str, str], dict[str, Any]] = {
         }
         for case in ("tool_choice_named_markup", "tool_choice_required_markup")
     },
+    **{key: final for key, (final, _) in _HARMONY_EXPECTED.items()},
 }
 
 # (directory, case, mode) -> (reference, reason). mode is a chunking name or "batch";
-# reference is "batch" or "stream:<chunking>": our answer must equal vLLM's answer there;
+# reference is "batch", "stream:<chunking>" or "expected": our answer must equal vLLM's answer
+# there, or (expected) the answer EXPECTED gives where vLLM gives none that is ours.
 DIVERGENCES: dict[tuple[str, str, str], tuple[str, str]] = {
     ("qwen2.5-instruct", "literal_tool_call_in_prose", "one_token"): ("batch", PLAIN_LOOKALIKE),
     ("qwen2.5-instruct", "literal_tool_call_in_prose", "random_1_5"): ("batch", PLAIN_LOOKALIKE),
@@ -184,6 +228,14 @@ DIVERGENCES: dict[tuple[str, str, str], tuple[str, str]] = {
     ("deepseek-v3.1", "text_after_tool_calls", "batch"): ("stream:one_token", DS_AS_STREAMED),
     ("deepseek-v3.1", "thinking_empty_reasoning", "batch"): ("stream:whole", DS_EMPTY),
     ("deepseek-v3.1", "tool_calls_empty_block", "batch"): ("stream:whole", DS_EMPTY),
+    ("gpt-oss", "builtin_tool_recipient", "batch"): ("stream:whole", HARMONY_JOINED),
+    ("gpt-oss", "commentary_preamble_then_final", "batch"): ("stream:whole", HARMONY_JOINED),
+    ("gpt-oss-openai-tools", "tool_call_unicode_nested", "batch"): ("stream:whole", HARMONY_ARGS),
+    **{
+        (directory, case, mode): ("expected", reason)
+        for (_, case, mode), (_, reason) in _HARMONY_EXPECTED.items()
+        for directory in ("gpt-oss", "gpt-oss-openai-tools")
+    },
 }
 
 
