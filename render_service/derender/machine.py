@@ -135,7 +135,11 @@ class ChoiceMachine:
             index=index,
             prompt_len=len(prompt_ids),
             options=options,
-            parse_request=_lean(parse_request) if stream else None,
+            parse_request=(
+                _lean(parse_request, parser is not None and parser.chat is not None)
+                if stream
+                else None
+            ),
             parser=parser.start(parser_ids) if parser is not None else None,
             detok=detok.start(prompt_ids),
             digest=self._stream_seed(request_id, index, options, parse_request) if stream else b"",
@@ -303,18 +307,24 @@ class ChoiceMachine:
         return ids, stop_reason
 
 
-def _lean(parse_request: ParseRequest | None) -> ParseRequest | None:
+def _lean(parse_request: ParseRequest | None, names_only: bool = False) -> ParseRequest | None:
     """What the parser still needs after ``start``: tool names and schemas and the template's
-    on/off switches (a family may bind by them: DeepSeek-V3.1's `thinking`), no prose."""
+    on/off switches (a family may bind by them: DeepSeek-V3.1's `thinking`), no prose. A chat
+    family (Harmony) reads calls from the output's own framing: tool names only."""
     if parse_request is None:
         return None
-    tools = (
-        [_strip_descriptions(t) for t in parse_request.tools]
-        if parse_request.tools
-        else parse_request.tools
-    )
+    tools = parse_request.tools
+    if tools and names_only:
+        tools = [{"type": "function", "function": {"name": _tool_name(t)}} for t in tools]
+    elif tools:
+        tools = [_strip_descriptions(t) for t in tools]
     switches = {k: v for k, v in parse_request.chat_template_kwargs.items() if isinstance(v, bool)}
     return msgspec.structs.replace(parse_request, tools=tools, chat_template_kwargs=switches)
+
+
+def _tool_name(tool: dict[str, Any]) -> Any:
+    function = tool.get("function")
+    return function.get("name") if isinstance(function, dict) else None
 
 
 def _strip_descriptions(value: Any) -> Any:
