@@ -30,28 +30,14 @@ from typing import Any
 import httpx
 
 from bench import measure, peer
+from bench.inputs import TOOLS, filler_text
 from bench.servers import Server, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / ".." / "shared" / "models" / "gpt-oss"
 FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "openai"]
 ENV = {"VLLM_SYSTEM_START_DATE": "2026-01-01"}
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "send_email",
-        "description": "Send an email on behalf of the user.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "to": {"type": "array", "items": {"type": "string"}},
-                "subject": {"type": "string"},
-                "body": {"type": "string"},
-            },
-            "required": ["to", "subject", "body"],
-        },
-    },
-}
+TOOL = next(t for t in TOOLS if t["function"]["name"] == "send_email")
 CHAT = {
     "messages": [
         {"role": "system", "content": "You are a helpful assistant."},
@@ -59,15 +45,6 @@ CHAT = {
     ],
     "tools": [TOOL],
 }
-SENTENCE = (
-    "the cluster latency report shows queue depth rising after the deploy while cache hit "
-    "rates fell and the on-call engineer rolled back the release to restore service"
-)
-WORDS = SENTENCE.split(" ")
-
-
-def filler(words: int, seed: int) -> str:
-    return " ".join(WORDS[(seed * 7 + i * 3) % len(WORDS)] for i in range(words))
 
 
 def gpt_oss_output(encode: Any, n: int) -> list[int]:
@@ -84,11 +61,11 @@ def gpt_oss_output(encode: Any, n: int) -> list[int]:
     final_head = ids("<|call|><|start|>assistant<|channel|>final<|message|>")
     tail = ids("<|return|>")
     budget = n - len(analysis_head) - len(call_head) - len(final_head) - len(tail)
-    analysis = ids(filler(budget, 1))[: budget // 2]
-    body = filler(budget, 2)
+    analysis = ids(filler_text(budget, 1))[: budget // 2]
+    body = filler_text(budget, 2)
     arguments = ids(json.dumps({"to": ["team@example.com"], "subject": "Incident", "body": body}))
     arguments = arguments[: budget // 4]
-    final = ids(filler(budget, 3))[: budget - len(analysis) - len(arguments)]
+    final = ids(filler_text(budget, 3))[: budget - len(analysis) - len(arguments)]
     out = analysis_head + analysis + call_head + arguments + final_head + final + tail
     assert len(out) == n, (len(out), n)
     return out
