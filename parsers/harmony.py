@@ -19,12 +19,13 @@ not written by the assistant are dropped, a message's unfinished character is fl
 rest of the output is content as written.
 
 The state holds the open message's kind, the bytes of an unfinished character and at most
-`MAX_HEADER_BYTES` of header text: never the history.
+`MAX_HEADER_BYTES` of text since the last message (the open header): never the history.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -42,7 +43,7 @@ from parsers.events import (
 from parsers.facts import TokenizerFacts
 from parsers.family import ChatFamily, Family, FamilyState
 from parsers.request import ParseRequest
-from parsers.structural_tag import RenderAdjustments, _constrained_functions, _json_content
+from parsers.structural_tag import RenderAdjustments, constrained_functions, json_content
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -82,7 +83,7 @@ _WHITE_SPACE: Final = (
     "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008"
     "\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
-_ASCII_WHITE_SPACE: Final = frozenset(" \t\n\x0c\r")
+_ASCII_WHITE_SPACE_RUN: Final = re.compile("[ \t\n\x0c\r]+")
 
 
 class HarmonyHeader(msgspec.Struct, frozen=True, gc=False):
@@ -96,18 +97,7 @@ class HarmonyHeader(msgspec.Struct, frozen=True, gc=False):
 
 
 def _split_ascii_whitespace(text: str) -> list[str]:
-    parts: list[str] = []
-    start = -1
-    for i, ch in enumerate(text):
-        if ch in _ASCII_WHITE_SPACE:
-            if start >= 0:
-                parts.append(text[start:i])
-                start = -1
-        elif start < 0:
-            start = i
-    if start >= 0:
-        parts.append(text[start:])
-    return parts
+    return [part for part in _ASCII_WHITE_SPACE_RUN.split(text) if part]
 
 
 def parse_header(text: str, role: str | None) -> HarmonyHeader | None:
@@ -565,15 +555,15 @@ def harmony_output_tag(structured: dict[str, Any] | None) -> dict[str, Any] | No
 
 def harmony_tools_format(request: ParseRequest, strict_level: str, auto: bool) -> Any:
     """The tool-call alternatives (xgrammar `or` format) vLLM's "harmony" tag model builds,
-    or None when the request's tools are not constrained (see `_constrained_functions`)."""
-    constrained = _constrained_functions(request, strict_level)
+    or None when the request's tools are not constrained (see `constrained_functions`)."""
+    constrained = constrained_functions(request, strict_level)
     if constrained is None:
         return None
     functions, level = constrained
     tags = [
         _tag(
             pattern.format(name=function.get("name", ""), channel=channel, constrain=constrain),
-            _json_content(function, level),
+            json_content(function, level),
         )
         for function in functions
         for pattern in _CALL_BEGINS
