@@ -49,6 +49,11 @@ def create_app() -> Starlette:
     return app
 
 
+# How long a worker process may take to load its model before uvicorn restarts it. uvicorn's
+# default (5 s) is shorter than loading gpt-oss's 27 MB tokenizer on a busy 2-core machine,
+# which then restarts the worker forever.
+WORKER_STARTUP_SECONDS = 120
+
 # How long a thread may hold the GIL while another waits for it, in image servers. Media threads
 # give the GIL up around every decode, kernel and base64 call and need it back after; at
 # Python's default (5 ms) each return can wait that long behind the event loop. One no-peer
@@ -114,6 +119,7 @@ def serve(settings: Settings) -> None:
             log_level=settings.log_level,
             access_log=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+            timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
         )
     if metrics_dir is not None:
         shutil.rmtree(metrics_dir, ignore_errors=True)

@@ -61,13 +61,12 @@ def token_bytes(backend: tokenizers.Tokenizer) -> tuple[bytes, ...]:
     """Each id's bytes for a byte-level BPE tokenizer (added tokens: their spelling)."""
     from render_service.model.fast_bpe import byte_decoder
 
-    decoder = byte_decoder()
-    added = backend.get_added_tokens_decoder()
+    to_byte = {ord(ch): byte for ch, byte in byte_decoder().items()}
     size = backend.get_vocab_size(with_added_tokens=True)
     table = [b""] * size
     for text, token_id in backend.get_vocab(with_added_tokens=False).items():
-        table[token_id] = bytes(decoder[ch] for ch in text)
-    for token_id, token in added.items():
+        table[token_id] = text.translate(to_byte).encode("latin-1")
+    for token_id, token in backend.get_added_tokens_decoder().items():
         if token_id < size:
             table[token_id] = token.content.encode()
     return tuple(table)
