@@ -233,15 +233,15 @@ class ChatParser(msgspec.Struct, frozen=True):
         `as_written` parses the same output with tool calling off (`without_tools`); it is
         called only when the batch rule needs it.
         """
-        tools = self.tools
+        calls = self.tools or self.chat
         return batch_message(
             accumulate(events),
-            engine=tools is not None and tools.engine,
+            engine=calls is not None and calls.engine,
             forced_tool_choice=self.request.effective_tool_choice in ("required", "named"),
             reasoning_family=self.reasoning is not None or self.chat is not None,
             as_written=as_written,
             reasoning_lead=end.reasoning_lead,
-            validates_arguments=tools is None or tools.validates_arguments,
+            validates_arguments=calls is None or calls.validates_arguments,
         )
 
     def parse_whole(

@@ -244,6 +244,9 @@ class ChatFamily(msgspec.Struct, frozen=True):
     """
 
     default_strict_level: ClassVar[str] = "auto"
+    #: The batch switches of `ToolFamily` (`engine`, `validates_arguments`), for this family's calls.
+    engine: ClassVar[bool] = False
+    validates_arguments: ClassVar[bool] = True
 
     def bind(
         self, request: ParseRequest, reasoning: Family | None, tools: Family | None

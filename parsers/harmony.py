@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import msgspec
 
@@ -279,6 +279,9 @@ class HarmonyFamily(ChatFamily, frozen=True):
     set and the request includes reasoning). `tools`: tool calls are reported (a tool parser is
     set and vLLM keeps the request's calls); otherwise they are dropped, never content.
     """
+
+    #: vLLM's Harmony batch path takes a recipient's message as the arguments, as written.
+    validates_arguments: ClassVar[bool] = False
 
     config: HarmonyConfig
     reasoning: bool = True
