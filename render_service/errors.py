@@ -2,7 +2,8 @@
 
     RenderServiceError            400-ish base: status + type + param
     ├── InvalidRequest            400 BadRequestError (explicit checks, template errors)
-    │   └── SchemaError           400 "Bad Request" (body does not match the schema)
+    │   ├── SchemaError           400 "Bad Request" (body does not match the schema)
+    │   └── StatelessRefusal      400 invalid_request_error (Responses history we cannot look up)
     ├── Unauthorized              401 (vLLM answers {"error": "Unauthorized"})
     ├── ModelNotFound             404 NotFoundError
     ├── BodyTooLarge              413 BadRequestError
@@ -37,6 +38,12 @@ class SchemaError(InvalidRequest):
     """The body does not match the endpoint's schema (vLLM: pydantic RequestValidationError)."""
 
     error_type = "Bad Request"
+
+
+class StatelessRefusal(InvalidRequest):
+    """The request refers to server-side state that a stateless render tier does not keep."""
+
+    error_type = "invalid_request_error"
 
 
 class Unauthorized(RenderServiceError):

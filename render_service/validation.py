@@ -6,7 +6,9 @@ Structs of ``render_service.protocol``; a mismatch reads as vLLM's pydantic erro
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -25,27 +27,54 @@ def _body_param(path: str) -> str:
     return ".".join(parts)
 
 
-def schema_error(exc: msgspec.ValidationError) -> SchemaError:
+_MISSING = re.compile(r"^Object missing required field `([^`]+)`$")
+#: Rewrites a schema error's param (e.g. to pydantic's union or tag path); gets the raw body.
+ParamRemap = Callable[[str, bytes | str], str]
+
+
+def schema_error(
+    exc: msgspec.ValidationError, remap: ParamRemap | None = None, data: bytes | str = b""
+) -> SchemaError:
     """Turn msgspec's message ``Expected `int`, got `str` - at `$.x`` into vLLM's shape."""
     text = str(exc)
     detail, _, where = text.rpartition(" - at `")
     if not detail:
         detail, where = text, "$`"
     param = _body_param(where.rstrip("`"))
+    missing = _MISSING.match(detail)
+    if missing:  # pydantic puts a missing field's own name in the loc
+        param = f"{param}.{missing.group(1)}"
+    if remap is not None:
+        param = remap(param, data)
     return SchemaError(f"1 validation error:\n  {{'loc': '{param}', 'msg': '{detail}'}}", param)
 
 
-def decode_body(data: bytes | str, decoder: msgspec.json.Decoder[T]) -> T:
+def decode_body(
+    data: bytes | str, decoder: msgspec.json.Decoder[T], remap: ParamRemap | None = None
+) -> T:
     """Decode a JSON body; schema and syntax errors become 400 SchemaErrors."""
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
-        raise schema_error(exc) from exc
+        raise schema_error(exc, remap, data) from exc
     except msgspec.DecodeError as exc:
+        offset = _json_error_offset(data)
+        param = f"body.{offset}" if offset else "body"
         raise SchemaError(
-            f"1 validation error:\n  {{'type': 'json_invalid', 'loc': 'body', 'msg': 'JSON decode error: {exc}'}}",
-            "body",
+            f"1 validation error:\n  {{'type': 'json_invalid', 'loc': '{param}', 'msg': 'JSON decode error: {exc}'}}",
+            param,
         ) from exc
+
+
+def _json_error_offset(data: bytes | str) -> str:
+    """The character offset vLLM (FastAPI's json.loads) reports for a syntax error, if any."""
+    try:
+        json.loads(data)
+    except json.JSONDecodeError as exc:
+        return str(exc.pos)
+    except (ValueError, RecursionError):
+        return ""
+    return ""
 
 
 def convert(value: Any, type_: type[T], path: str) -> T:

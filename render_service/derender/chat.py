@@ -144,7 +144,7 @@ def derender_chat_stream(
     one derendered chunk each and one state at the end.
     """
     d.model.check_name(body.model)
-    chunks = _stream_chunks(body.generate_chunk, body.generate_chunks)
+    chunks = stream_chunks(body.generate_chunk, body.generate_chunks)
     request = _chat_request(body.chat_request)
     if request is not None:
         refuse_in_stream(request.stop)
@@ -298,7 +298,7 @@ def _parse_request(d: Derenderer, request: ChatCompletionRequest) -> ParseReques
     )
 
 
-def _stream_chunks(
+def stream_chunks(
     one: GenerateChunk | None, several: list[GenerateChunk] | None
 ) -> Sequence[GenerateChunk]:
     if (one is None) == (several is None) or several == []:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import msgspec
 
-from render_service.derender import chat, completion
+from render_service.apis import messages as messages_api
+from render_service.derender import chat, completion, messages, responses
 from render_service.derender.machine import ChoiceMachine
 from render_service.derender.parser_cache import ParserCache
 from render_service.derender.stream_state import VERSION, StateCodec, random_secret
@@ -27,7 +28,13 @@ from render_service.protocol.derender import (
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
+    DerenderMessagesRequest,
+    DerenderMessagesStreamRequest,
+    DerenderResponsesRequest,
+    DerenderResponsesStreamRequest,
 )
+from render_service.protocol.messages import MessagesDerenderEvents, MessagesResponse
+from render_service.protocol.responses import ResponsesDerenderEvents, ResponsesResponse
 from render_service.settings import Settings
 
 
@@ -46,6 +53,7 @@ class Derenderer:
         self.settings = settings
         self.machine = ChoiceMachine(model, parsing, settings.max_logprobs)
         self.streams = StreamStates(self.machine, codec, cache)
+        self.template_probes = messages_api.TemplateProbes(model, settings)
 
     @property
     def model_name(self) -> str:
@@ -74,6 +82,26 @@ class Derenderer:
     ) -> CompletionDerenderChunk:
         """One completions chunk and the next ``stream_state``."""
         return completion.derender_completion_stream(self, body)
+
+    def derender_messages(self, body: DerenderMessagesRequest) -> MessagesResponse:
+        """Ours: a generate answer as an Anthropic Messages response."""
+        return messages.derender_messages(self, body)
+
+    def derender_messages_stream(
+        self, body: DerenderMessagesStreamRequest
+    ) -> MessagesDerenderEvents:
+        """Ours: generate chunks as Messages stream events, and the next ``stream_state``."""
+        return messages.derender_messages_stream(self, body)
+
+    def derender_responses(self, body: DerenderResponsesRequest) -> ResponsesResponse:
+        """Ours: a generate answer as an OpenAI Responses response."""
+        return responses.derender_responses(self, body)
+
+    def derender_responses_stream(
+        self, body: DerenderResponsesStreamRequest
+    ) -> ResponsesDerenderEvents:
+        """Ours: generate chunks as Responses stream events, and the next ``stream_state``."""
+        return responses.derender_responses_stream(self, body)
 
 
 def build_derenderer(model: Model, parsing: ParsingSetup | None, settings: Settings) -> Derenderer:

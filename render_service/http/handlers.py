@@ -14,6 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from render_service import __version__
+from render_service.apis import messages as messages_api
+from render_service.apis import responses as responses_api
 from render_service.derender import Derenderer
 from render_service.errors import BodyTooLarge, SchemaError
 from render_service.http import lifecycle, metrics
@@ -29,7 +31,13 @@ from render_service.protocol.derender import (
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
+    DerenderMessagesRequest,
+    DerenderMessagesStreamRequest,
+    DerenderResponsesRequest,
+    DerenderResponsesStreamRequest,
 )
+from render_service.protocol.messages import AnthropicMessagesRequest
+from render_service.protocol.responses import ResponsesRequest
 from render_service.protocol.server import ModelCard, ModelList, VersionResponse
 from render_service.protocol.tokenize import (
     DetokenizeRequest,
@@ -50,6 +58,12 @@ _derender_chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
 _derender_chat_stream_decoder = msgspec.json.Decoder(DerenderChatStreamRequest)
 _derender_cmpl_decoder = msgspec.json.Decoder(DerenderCompletionRequest)
 _derender_cmpl_stream_decoder = msgspec.json.Decoder(DerenderCompletionStreamRequest)
+_messages_decoder = msgspec.json.Decoder(AnthropicMessagesRequest)
+_responses_decoder = msgspec.json.Decoder(ResponsesRequest)
+_derender_messages_decoder = msgspec.json.Decoder(DerenderMessagesRequest)
+_derender_messages_stream_decoder = msgspec.json.Decoder(DerenderMessagesStreamRequest)
+_derender_responses_decoder = msgspec.json.Decoder(DerenderResponsesRequest)
+_derender_responses_stream_decoder = msgspec.json.Decoder(DerenderResponsesStreamRequest)
 _any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
 
 
@@ -152,6 +166,38 @@ class Service:
         )
         metrics.observe_render(result)
         return MsgspecResponse(result)
+
+    async def render_messages(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _messages_decoder, messages_api.request_param)
+        self.limits.check_request(body)
+        result = await self.run(
+            self.renderer.render_messages, body, request_id=request.headers.get("x-request-id")
+        )
+        metrics.observe_render((result,))
+        return MsgspecResponse(result)
+
+    async def render_responses(self, request: Request) -> Response:
+        data = await self.body(request)
+        body = decode_body(data, _responses_decoder, responses_api.request_param)
+        self.limits.check_request(body)
+        result = await self.run(self.renderer.render_responses, body)
+        metrics.observe_render((result,))
+        return MsgspecResponse(result)
+
+    async def derender_messages(self, request: Request) -> Response:
+        return await self._derender(
+            request,
+            (_derender_messages_decoder, self.derenderer.derender_messages),
+            (_derender_messages_stream_decoder, self.derenderer.derender_messages_stream),
+        )
+
+    async def derender_responses(self, request: Request) -> Response:
+        return await self._derender(
+            request,
+            (_derender_responses_decoder, self.derenderer.derender_responses),
+            (_derender_responses_stream_decoder, self.derenderer.derender_responses_stream),
+        )
 
     async def derender_chat(self, request: Request) -> Response:
         return await self._derender(

@@ -37,6 +37,10 @@ _FREE_FORM_FIELDS = (
     "logit_bias",
     "chat_request",
     "completion_request",
+    "messages_request",
+    "responses_request",
+    "input",
+    "metadata",
     "stream_state",
     "prompt_logprobs",
 )
@@ -132,7 +136,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(body, name, None)
             if isinstance(value, (dict, list)):
                 check_depth(value, self.max_json_depth, name)
-                if name in ("chat_request", "completion_request") and isinstance(value, dict):
+                if name.endswith("_request") and isinstance(value, dict):
                     self._check_embedded(value)
 
     def _check_embedded(self, request: dict[str, Any]) -> None:

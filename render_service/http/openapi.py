@@ -21,8 +21,22 @@ from render_service.protocol.derender import (
     DerenderChatStreamRequest,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
+    DerenderMessagesRequest,
+    DerenderMessagesStreamRequest,
+    DerenderResponsesRequest,
+    DerenderResponsesStreamRequest,
 )
 from render_service.protocol.generate import GenerateRequest
+from render_service.protocol.messages import (
+    AnthropicMessagesRequest,
+    MessagesDerenderEvents,
+    MessagesResponse,
+)
+from render_service.protocol.responses import (
+    ResponsesDerenderEvents,
+    ResponsesRequest,
+    ResponsesResponse,
+)
 from render_service.protocol.server import (
     ErrorResponse,
     ModelList,
@@ -78,6 +92,34 @@ _OPERATIONS: tuple[tuple[str, str, str, tuple[Any, ...], tuple[Any, ...]], ...] 
         "Tokenize a prompt or a chat",
         (TokenizeCompletionRequest, TokenizeChatRequest),
         (TokenizeResponse,),
+    ),
+    (
+        "/v1/messages/render",
+        "post",
+        "Render an Anthropic Messages request to token ids",
+        (AnthropicMessagesRequest,),
+        (GenerateRequest,),
+    ),
+    (
+        "/v1/responses/render",
+        "post",
+        "Render an OpenAI Responses request to token ids",
+        (ResponsesRequest,),
+        (GenerateRequest,),
+    ),
+    (
+        "/v1/messages/derender",
+        "post",
+        "Turn generated token ids into an Anthropic message or its stream events",
+        (DerenderMessagesRequest, DerenderMessagesStreamRequest),
+        (MessagesResponse, MessagesDerenderEvents),
+    ),
+    (
+        "/v1/responses/derender",
+        "post",
+        "Turn generated token ids into an OpenAI response or its stream events",
+        (DerenderResponsesRequest, DerenderResponsesStreamRequest),
+        (ResponsesResponse, ResponsesDerenderEvents),
     ),
     ("/detokenize", "post", "Decode token ids", (DetokenizeRequest,), (DetokenizeResponse,)),
     ("/v1/models", "get", "The served model", (), (ModelList,)),

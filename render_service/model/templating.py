@@ -24,7 +24,7 @@ from render_service.settings import Settings
 ContentFormat = Literal["string", "openai"]
 
 # vLLM always merges its Cohere-only ``--cohere-format`` default into chat_template_kwargs.
-_VLLM_DEFAULT_TEMPLATE_KWARGS = {"cohere_format": "cmd4"}
+VLLM_DEFAULT_TEMPLATE_KWARGS = {"cohere_format": "cmd4"}
 
 # Parameters of apply_chat_template that always reach the template, whatever it references.
 _ALWAYS_PASSED = frozenset(
@@ -71,7 +71,8 @@ def template_variables(template: str) -> frozenset[str]:
 
 @lru_cache(maxsize=32)
 def supports_developer_role(template: str) -> bool:
-    return "developer" in template
+    """vLLM's test: the template names the role as a quoted string."""
+    return '"developer"' in template or "'developer'" in template
 
 
 def _content_text_parts(content: list[Any], path: str, images: bool = False) -> list[str | None]:
@@ -164,8 +165,36 @@ def build_conversation(
                 out[key] = value
         if role == "assistant" and "reasoning" in out:
             out.setdefault("reasoning_content", out["reasoning"])
+        if role == "developer" and not developer_ok:
+            out.pop("tools", None)
         conversation.append(out)
+    if not developer_ok and any(m.get("role") == "developer" for m in messages):
+        return _consolidate_system(conversation)
     return conversation
+
+
+def _consolidate_system(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """vLLM merges every system message into one at the front once developer became system."""
+    texts: list[str] = []
+    rest: list[dict[str, Any]] = []
+    needed = False
+    for index, message in enumerate(conversation):
+        if message["role"] != "system":
+            rest.append(message)
+            continue
+        needed = needed or index > 0 or bool(texts)
+        content = message.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                p["text"] if isinstance(p, dict) else p
+                for p in content
+                if isinstance(p, str) or (isinstance(p, dict) and "text" in p)
+            )
+        if content:
+            texts.append(content)
+    if not needed:
+        return conversation
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
 
 
 def _template_tool_call(call: Any) -> Any:
@@ -235,7 +264,7 @@ def template_kwargs(
     if "chat_template" in user_kwargs and not settings.trust_request_chat_template:
         raise untrusted_template()
     merged: dict[str, Any] = {
-        **_VLLM_DEFAULT_TEMPLATE_KWARGS,
+        **VLLM_DEFAULT_TEMPLATE_KWARGS,
         **(settings.default_chat_template_kwargs or {}),
     }
     merged.update(user_kwargs)

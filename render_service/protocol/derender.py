@@ -142,3 +142,45 @@ class CompletionDerenderChunk(msgspec.Struct, kw_only=True):
 
     chunk: CompletionStreamResponse
     stream_state: Any = None
+
+
+class _ApiDerender(Body, kw_only=True):
+    model: str | None = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: list[TokenId] | None = None
+
+
+class DerenderMessagesRequest(_ApiDerender, kw_only=True):
+    """Ours: a generate answer back into an Anthropic Messages response."""
+
+    stream: Literal[False] = False
+    generate_response: GenerateResponse
+    messages_request: dict[str, Any] | None = None
+
+
+class DerenderMessagesStreamRequest(_ApiDerender, kw_only=True):
+    """Ours: generate chunks into Messages stream events; lean after the first call."""
+
+    stream: Literal[True]
+    generate_chunk: GenerateChunk | None = None
+    generate_chunks: list[GenerateChunk] | None = None
+    stream_state: str | None = None
+    messages_request: dict[str, Any] | None = None
+
+
+class DerenderResponsesRequest(_ApiDerender, kw_only=True):
+    """Ours: a generate answer back into an OpenAI Responses response."""
+
+    stream: Literal[False] = False
+    generate_response: GenerateResponse
+    responses_request: dict[str, Any] | None = None
+
+
+class DerenderResponsesStreamRequest(_ApiDerender, kw_only=True):
+    """Ours: generate chunks into Responses stream events; lean after the first call."""
+
+    stream: Literal[True]
+    generate_chunk: GenerateChunk | None = None
+    generate_chunks: list[GenerateChunk] | None = None
+    stream_state: str | None = None
+    responses_request: dict[str, Any] | None = None

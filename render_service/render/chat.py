@@ -20,13 +20,18 @@ from render_service.protocol.generate import GenerateRequest, ParseContext, Reas
 from render_service.protocol.tokenize import TokenizeChatRequest
 from render_service.render.harmony import render_harmony
 from render_service.render.prompt import Prompt
-from render_service.render.request_checks import base_request_id, check_chat_request
+from render_service.render.request_checks import (
+    base_request_id,
+    check_cache_salt,
+    check_chat_request,
+    check_messages,
+)
 from render_service.render.sampling import (
     request_sampling_params,
     stream_options,
     structured_outputs,
 )
-from render_service.validation import convert
+from render_service.validation import convert, stop_strings
 
 if TYPE_CHECKING:
     from render_service.multimodal.pipeline import MediaBatch
@@ -39,19 +44,32 @@ def render_chat(
     *,
     request_id: str | None = None,
     media: MediaBatch | None = None,
+    converted: bool = False,
 ) -> GenerateRequest:
-    """Render a chat request to the GenerateRequest vLLM's render endpoint returns."""
+    """Render a chat request to the GenerateRequest vLLM's render endpoint returns.
+
+    ``converted``: the request was converted from a Messages request, whose tool fields vLLM
+    sets after validation, so the chat request's tool checks do not run and a null
+    ``tool_choice`` stays null.
+    """
     if isinstance(request, dict):
         request = convert(request, ChatCompletionRequest, "body")
     renderer.model.check_name(request.model)
     if request.use_beam_search:
         raise InvalidRequest("Beam search is not supported by the render endpoint")
-    check_chat_request(request)
+    if converted:
+        check_messages(request.messages)
+        stop_strings(request.stop)
+        check_cache_salt(request.cache_salt)
+    else:
+        check_chat_request(request)
     tool_choice = resolve_tool_choice(request)
     harmony = renderer.model.harmony
     if harmony is None:
         # vLLM's Harmony path lets any tool choice through (its tool calls vanish without a parser).
         _check_tool_choice_gate(renderer, tool_choice)
+    if converted:
+        _check_named_tool(renderer, tool_choice, request)
     tools = [msgspec.to_builtins(t) for t in request.tools] if request.tools else None
     tools = [_tool_dump(t) for t in tools] if tools else None
     kwargs = templating.template_kwargs(request, renderer.settings)
@@ -83,7 +101,7 @@ def render_chat(
     )
     parse_context = ParseContext(
         tools=tools,
-        tool_choice=tool_choice,
+        tool_choice=None if converted and request.tool_choice is None else tool_choice,
         parallel_tool_calls=request.parallel_tool_calls,
         include_reasoning=request.include_reasoning,
         # vLLM parses Harmony output without template kwargs.
@@ -238,6 +256,18 @@ def _check_tool_choice_gate(renderer: Renderer, tool_choice: str | dict[str, Any
     name = named_tool(tool_choice)
     if name is not None:
         raise InvalidRequest(f'tool_choice=function "{name}" requires --tool-call-parser to be set')
+
+
+def _check_named_tool(
+    renderer: Renderer, tool_choice: str | dict[str, Any], request: ChatCompletionRequest
+) -> None:
+    """xgrammar's refusal of a named tool choice that names no tool (vLLM's structural tag)."""
+    name = named_tool(tool_choice)
+    parsing = renderer.parsing
+    if name is None or parsing is None or not parsing.tool_parser_supported:
+        return
+    if not any(tool.function.name == name for tool in request.tools or []):
+        raise InvalidRequest(f"The tool with name '{name}' is not found in the tools list.")
 
 
 def _template(renderer: Renderer, request_template: str | None, kwargs: dict[str, Any]) -> str:

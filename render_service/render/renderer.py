@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from render_service.apis import messages as messages_api
 from render_service.errors import InvalidRequest
 from render_service.model import templating
 from render_service.model.loading import Model, load_chat_template_arg, load_model
@@ -16,6 +17,8 @@ from render_service.multimodal import media_pipeline
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
 from render_service.protocol.generate import GenerateRequest
+from render_service.protocol.messages import AnthropicMessagesRequest
+from render_service.protocol.responses import ResponsesRequest
 from render_service.protocol.tokenize import (
     DetokenizeRequest,
     DetokenizeResponse,
@@ -23,10 +26,11 @@ from render_service.protocol.tokenize import (
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from render_service.render import chat, completion
+from render_service.render import chat, completion, messages, responses
 from render_service.render.prompt import PromptEncoder
 from render_service.render.request_checks import check_messages
 from render_service.settings import Settings
+from render_service.validation import convert
 
 if TYPE_CHECKING:
     from render_service.multimodal.pipeline import MediaBatch
@@ -40,6 +44,7 @@ class Renderer:
         self.settings = settings
         self.parsing = ParsingSetup.create(model, settings)
         self.prompts = PromptEncoder(model, settings)
+        self.template_probes = messages_api.TemplateProbes(model, settings)
         self.multimodal = media_pipeline(model.info.path, settings.model, settings)
         template = model.info.chat_template
         self.content_format = (
@@ -115,6 +120,20 @@ class Renderer:
     ) -> list[GenerateRequest]:
         """Render a completion request: one GenerateRequest per prompt."""
         return completion.render_completion(self, request, request_id=request_id)
+
+    def render_messages(
+        self, request: AnthropicMessagesRequest | dict[str, Any], *, request_id: str | None = None
+    ) -> GenerateRequest:
+        """Render an Anthropic Messages request as vLLM does: converted to chat, then chat render."""
+        if isinstance(request, dict):
+            request = convert(request, AnthropicMessagesRequest, "body")
+        return messages.render_messages(self, request, request_id=request_id)
+
+    def render_responses(self, request: ResponsesRequest | dict[str, Any]) -> GenerateRequest:
+        """Render an OpenAI Responses request as vLLM's stateless render endpoint does."""
+        if isinstance(request, dict):
+            request = convert(request, ResponsesRequest, "body")
+        return responses.render_responses(self, request)
 
     def tokenize(
         self,

@@ -45,6 +45,14 @@ def resolve_sampling_value(name: str, requested: Any, defaults: dict[str, Any]) 
     return defaults.get(name, _OPENAI_DEFAULTS[name])
 
 
+def sampled_values(request: Any, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The request's penalties, temperature and nucleus values over the model's ``defaults``."""
+    return {
+        name: resolve_sampling_value(name, getattr(request, name), defaults)
+        for name in _OPENAI_DEFAULTS
+    }
+
+
 def structured_outputs(
     structured: dict[str, Any] | None, response_format: dict[str, Any] | None
 ) -> dict[str, Any] | None:
@@ -239,18 +247,7 @@ def request_sampling_params(
     structured: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The sampling params of a chat or completion request over the model's ``defaults``."""
-    sampling = {
-        name: resolve_sampling_value(name, getattr(request, name), defaults)
-        for name in (
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-        )
-    }
+    sampling = sampled_values(request, defaults)
     extra = dict(request.vllm_xargs) if request.vllm_xargs else None
     return build_sampling_params(
         n=request.n if request.n is not None else 1,

@@ -22,6 +22,12 @@ FORBIDDEN = {
         "render_service.http",
         "render_service.multimodal",
     ),
+    "render_service.apis": (
+        "render_service.render",
+        "render_service.derender",
+        "render_service.http",
+        "render_service.multimodal",
+    ),
     "render_service.multimodal": (
         "render_service.render",
         "render_service.derender",
