@@ -491,9 +491,10 @@ def _reasoning_markers(d: Derenderer) -> tuple[int, int] | None:
     if d.machine.parsing is None:
         return None
     parser = d.machine.parsing.parser(ParseRequest())
-    if parser is None or parser.reasoning is None:
+    family = None if parser is None else parser.reasoning_parser or parser.reasoning
+    if family is None:
         return None
-    return parser.reasoning.start_id, parser.reasoning.end_id
+    return family.start_id, family.end_id
 
 
 def count_reasoning(

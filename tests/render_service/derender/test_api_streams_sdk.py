@@ -160,6 +160,14 @@ def test_the_output_has_reasoning_text_and_two_calls() -> None:
     assert kinds == ["reasoning", "message", "function_call", "function_call"]
     assert response["status"] == "completed"
     assert response["instructions"] == "Be brief."
+    # vLLM's count: the tokens between <think> and </think>.
+    _, ids = prompt_and_output("responses")
+    tokenizer = replica().app.state.service.renderer.model.hf_tokenizer  # type: ignore[attr-defined]
+    start, end = (
+        ids.index(tokenizer.convert_tokens_to_ids("<think>")),
+        ids.index(tokenizer.convert_tokens_to_ids("</think>")),
+    )
+    assert response["usage"]["output_tokens_details"]["reasoning_tokens"] == end - start - 1
 
 
 @pytest.mark.parametrize("api", ["messages", "responses"])
