@@ -102,15 +102,13 @@ class ResponsesRequest(Body, kw_only=True):
 # ---- what Responses derender returns ------------------------------------------------------
 
 
-class ReasoningText(msgspec.Struct, kw_only=True):
+class ReasoningText(msgspec.Struct, tag="reasoning_text", tag_field="type", kw_only=True):
     text: str
-    type: Literal["reasoning_text"] = "reasoning_text"
 
 
-class OutputText(msgspec.Struct, kw_only=True):
+class OutputText(msgspec.Struct, tag="output_text", tag_field="type", kw_only=True):
     text: str
     annotations: list[Any] = msgspec.field(default_factory=list)
-    type: Literal["output_text"] = "output_text"
     logprobs: list[Any] | None = None
 
 
