@@ -1,18 +1,21 @@
 """What Messages and Responses streams share: they ride on the chat stream machine.
 
 ``stream_state`` is the chat stream state plus the API machine's own state, signed together:
-``<chat state>~<api state>``, the second bound to the first so the two cannot be mixed.
+``<chat state>~<api state>``; the API state carries a digest of the chat state it was issued with,
+so parts of two calls or two streams cannot be mixed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
 from render_service.derender.stream_state import StateCodec
-from render_service.errors import InvalidRequest
+from render_service.errors import StreamStateError
 from render_service.protocol.chat import ChatCompletionStreamResponse
 from render_service.protocol.derender import (
     ChatDerenderChunks,
@@ -58,6 +61,17 @@ def chat_delta(
     return delta, choice.finish_reason, choice.stop_reason
 
 
+class _Bound(msgspec.Struct, Generic[S], frozen=True, array_like=True):
+    """An API state with a digest of the chat state it was issued with."""
+
+    chat: bytes
+    state: S
+
+
+def _digest(chat: str) -> bytes:
+    return hashlib.sha256(chat.encode()).digest()[:16]
+
+
 def split_state(
     codec: StateCodec, token: str | None, type_: type[S]
 ) -> tuple[str | None, S | None]:
@@ -66,16 +80,20 @@ def split_state(
         return None, None
     chat, separator, api = token.rpartition(_SEPARATOR)
     if not separator:
-        raise InvalidRequest(
+        raise StreamStateError(
             "stream_state was not issued by this endpoint (it has no API state)", "stream_state"
         )
-    state = codec.decode(api, type_, bind=chat.encode())
-    return chat or None, state
+    bound = codec.decode(api, _Bound[type_])  # type: ignore[valid-type]
+    if not hmac.compare_digest(bound.chat, _digest(chat)):
+        raise StreamStateError(
+            "stream_state's parts come from different calls or streams", "stream_state"
+        )
+    return chat or None, bound.state
 
 
 def join_state(codec: StateCodec, chat: str | None, state: msgspec.Struct) -> str:
     chat = chat or ""
-    return f"{chat}{_SEPARATOR}{codec.encode(state, bind=chat.encode())}"
+    return f"{chat}{_SEPARATOR}{codec.encode(_Bound(_digest(chat), state))}"
 
 
 def chat_stream(

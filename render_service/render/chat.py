@@ -264,7 +264,7 @@ def _check_named_tool(
     """xgrammar's refusal of a named tool choice that names no tool (vLLM's structural tag)."""
     name = named_tool(tool_choice)
     parsing = renderer.parsing
-    if name is None or parsing is None or not parsing.tool_parser_supported:
+    if name is None or parsing is None or not parsing.has_tools:
         return
     if not any(tool.function.name == name for tool in request.tools or []):
         raise InvalidRequest(f"The tool with name '{name}' is not found in the tools list.")
