@@ -172,8 +172,11 @@ def disabled_thinking_effort(model: Model, settings: Settings) -> str:
     """The ``reasoning_effort`` that ``thinking: {type: disabled}`` becomes for this model.
 
     vLLM probes the template once per server: "none", unless rendering with it fails or gives
-    the same prompt as some real effort (a template that ignores efforts); then "low".
+    the same prompt as some real effort (a template that ignores efforts); then "low". Harmony
+    (gpt-oss, no template) refuses "none", so it is "low" there.
     """
+    if model.harmony is not None:
+        return "low"
     none_prompt = _probe(model, settings, "none")
     if none_prompt is None:
         return "low"

@@ -112,7 +112,7 @@ def render_chat(
     hints = parsing.render_hints(parse_context, ids) if parsing else RenderHints()
     structured = structured_outputs(request.structured_outputs, request.response_format)
     if harmony is not None and parsing is not None:
-        structured = _harmony_structured(parsing, parse_context, structured)
+        structured = harmony_structured(parsing, parse_context, structured)
     elif hints.structural_tag is not None:
         structured = structured_outputs({"structural_tag": hints.structural_tag}, None)
     skip_special = request.skip_special_tokens if request.skip_special_tokens is not None else True
@@ -230,7 +230,7 @@ def render_messages(
     return Prompt(ids, None, features)
 
 
-def _harmony_structured(
+def harmony_structured(
     parsing: ParsingSetup, context: ParseContext, structured: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """vLLM's Harmony adjust_request: structured outputs move into a structural tag on the final

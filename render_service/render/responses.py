@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from render_service.apis import responses as api
-from render_service.errors import InvalidRequest
+from render_service.errors import InvalidRequest, invalid_param
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.generate import GenerateRequest, ParseContext, ReasoningParserKwargs
 from render_service.protocol.responses import ResponsesRequest
-from render_service.render.chat import render_messages
+from render_service.render.chat import harmony_structured, render_messages
+from render_service.render.harmony import REASONING_EFFORTS
 from render_service.render.request_checks import base_request_id
 from render_service.render.sampling import (
     build_sampling_params,
@@ -37,6 +38,10 @@ def render_responses(renderer: Renderer, request: ResponsesRequest) -> GenerateR
     settings = renderer.settings
     tools = api.template_tools(request, settings.exclude_tools_when_tool_choice_none)
     kwargs = api.template_kwargs(request, settings)
+    effort = request.reasoning.effort if request.reasoning is not None else None
+    harmony = renderer.model.harmony is not None
+    if harmony:
+        _check_harmony_effort(kwargs.get("reasoning_effort"))
     chat = ChatCompletionRequest(
         messages=api.input_messages(request),
         chat_template_kwargs=request.chat_template_kwargs,
@@ -45,6 +50,7 @@ def render_responses(renderer: Renderer, request: ResponsesRequest) -> GenerateR
         media_io_kwargs=request.media_io_kwargs,
         mm_processor_kwargs=request.mm_processor_kwargs,
         mm_payload=request.mm_payload,
+        reasoning_effort=effort,  # Harmony writes it into the system message (mapped there)
     )
     prompt = render_messages(renderer, chat, tools, kwargs)
     ids = prompt.token_ids
@@ -53,10 +59,13 @@ def render_responses(renderer: Renderer, request: ResponsesRequest) -> GenerateR
     max_tokens = renderer.prompts.max_tokens(
         request.max_output_tokens, len(ids), "max_output_tokens"
     )
-    structured = api.check_text_format(request)
+    structured = structured_outputs(api.check_text_format(request), None)
     parsing = renderer.parsing
-    hints = parsing.render_hints(_parse_context(request, kwargs), ids) if parsing else None
-    if hints is not None and hints.structural_tag is not None:
+    context = _parse_context(request, kwargs)
+    hints = parsing.render_hints(context, ids) if parsing else None
+    if harmony and parsing is not None:
+        structured = harmony_structured(parsing, context, structured)
+    elif hints is not None and hints.structural_tag is not None:
         structured = {"structural_tag": hints.structural_tag}
     skip_special = request.skip_special_tokens
     if skip_special is None:
@@ -81,6 +90,16 @@ def render_responses(renderer: Renderer, request: ResponsesRequest) -> GenerateR
         kv_transfer_params=request.kv_transfer_params,
         ec_transfer_params=request.ec_transfer_params,
     )
+
+
+def _check_harmony_effort(effort: str | None) -> None:
+    """vLLM's Responses Harmony preamble takes only Harmony's efforts ("none" included)."""
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise invalid_param(
+            f"reasoning_effort={effort!r} is not supported by Harmony. Supported values are: "
+            f"{', '.join(REASONING_EFFORTS)}.",
+            "reasoning_effort",
+        )
 
 
 def _parse_context(request: ResponsesRequest, kwargs: dict[str, Any]) -> ParseContext:
