@@ -23,6 +23,8 @@ FACTS = TokenizerFacts.from_added_tokens(
         "</tool_call>": 151658,
         "<think>": 151667,
         "</think>": 151668,
+        "<minimax:tool_call>": 200052,
+        "</minimax:tool_call>": 200053,
     },
     special_ids=[151644, 151645],
 )
@@ -85,6 +87,27 @@ SCENARIOS: list[Scenario] = [
         DEEPSEEK_FACTS,
         REQUEST,
     ),
+    ("glm45 reasoning", "glm45", "glm45", []),
+    ("glm45 content", "glm45", "glm45", [([151668], "</think>"), ([1], "Hi")]),
+    (
+        "glm45 arguments",
+        "glm45",
+        "glm45",
+        [
+            ([151668], "</think>"),
+            ([151657], "<tool_call>"),
+            ([1, 2], "f<arg_key>k</arg_key><arg_value>"),
+        ],
+    ),
+    ("minimax_m2 reasoning", "minimax_m2", "minimax_m2", []),
+    ("minimax_m2 content", "minimax_m2", "minimax_m2", [([151668], "</think>"), ([1], "Hi")]),
+    (
+        "minimax_m2 arguments",
+        "minimax_m2",
+        "minimax_m2",
+        [([200052], "<minimax:tool_call>"), ([1, 2], '<invoke name="f">\n<parameter name="k">')],
+    ),
+    ("minimax append-think", "minimax_m2_append_think", "minimax_m2", []),
 ]
 SIZES = (100, 1_000, 10_000, 100_000)
 

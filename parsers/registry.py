@@ -10,11 +10,12 @@ from typing import Any, Literal, overload
 import msgspec
 
 from parsers import harmony
+from parsers._tag_engine import EngineState
 from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
 from parsers.family import ChatFamily, Family, FamilyState, ReasoningFamily, ToolFamily
 from parsers.reasoning import deepseek_r1, deepseek_v3, qwen3
-from parsers.tools import deepseek_v31, hermes, llama3_json, qwen3_coder
+from parsers.tools import deepseek_v31, glm45, hermes, llama3_json, minimax_m2, qwen3_coder
 
 __all__ = [
     "FAMILIES",
@@ -49,6 +50,15 @@ FAMILIES: tuple[ParserFamily, ...] = (
     ParserFamily("deepseek_v31", "tool", deepseek_v31.build, deepseek_v31.DeepSeekV31Section),
     ParserFamily("openai_gptoss", "reasoning", harmony.build, harmony.HarmonyState),
     ParserFamily("openai", "tool", harmony.build, harmony.HarmonyState),
+    ParserFamily("glm45", "reasoning", glm45.build_reasoning, EngineState),
+    ParserFamily("glm45", "tool", glm45.build_tool, EngineState),
+    ParserFamily("glm47", "reasoning", glm45.build_reasoning, EngineState),
+    ParserFamily("glm47", "tool", glm45.build_tool, EngineState),
+    ParserFamily("minimax_m2", "reasoning", minimax_m2.build_reasoning, EngineState),
+    ParserFamily(
+        "minimax_m2_append_think", "reasoning", minimax_m2.build_append_think, EngineState
+    ),
+    ParserFamily("minimax_m2", "tool", minimax_m2.build_tool, EngineState),
 )
 
 

@@ -193,7 +193,9 @@ class ChoiceMachine:
                 stop_reason, stopped = matched, True
         events: list[Event] = []
         parser_state = state.parser
-        if parser is not None and parser_state is not None:
+        # vLLM sends a choice that ends without any output unparsed (an empty delta).
+        parsed = bool(ids) or state.n_tokens > 0
+        if parser is not None and parser_state is not None and parsed:
             if ids or finished:
                 parser_state, events = parser.feed(parser_state, kept, text)
             if finished:

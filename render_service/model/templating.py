@@ -141,7 +141,10 @@ def build_conversation(
                 content, f"messages.{index}.content", image_placeholder is not None
             )
             texts = [t for t in parts if t is not None]
-            if content_format == "openai":
+            if role == "tool" and len(texts) == len(parts):
+                # vLLM hands a tool result of text parts to every template as one string.
+                out["content"] = "\n".join(texts)
+            elif content_format == "openai":
                 out["content"] = [
                     {"type": "image"} if t is None else {"type": "text", "text": t} for t in parts
                 ]
