@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parsers import ChatParser, ParseRequest, build_chat_parser
-from parsers.engine_family import BoundEngine
 from parsers._tag_engine import ARG_CLOSE, ARG_OPEN, ARG_TEXT, ArgScan
+from parsers.engine_family import BoundEngine
 from parsers.tools.minimax_m2 import scan_args
 from tests.parsers import _engine_cases as cases
 from tests.parsers import _golden as g
