@@ -87,8 +87,8 @@ SCENARIOS: list[Scenario] = [
         DEEPSEEK_FACTS,
         REQUEST,
     ),
-    ("glm45 reasoning", "glm45", "glm45", []),
-    ("glm45 content", "glm45", "glm45", [([151668], "</think>"), ([1], "Hi")]),
+    ("glm45 reasoning", "glm45", "glm45", [], FACTS, REQUEST),
+    ("glm45 content", "glm45", "glm45", [([151668], "</think>"), ([1], "Hi")], FACTS, REQUEST),
     (
         "glm45 arguments",
         "glm45",
@@ -98,16 +98,27 @@ SCENARIOS: list[Scenario] = [
             ([151657], "<tool_call>"),
             ([1, 2], "f<arg_key>k</arg_key><arg_value>"),
         ],
+        FACTS,
+        REQUEST,
     ),
-    ("minimax_m2 reasoning", "minimax_m2", "minimax_m2", []),
-    ("minimax_m2 content", "minimax_m2", "minimax_m2", [([151668], "</think>"), ([1], "Hi")]),
+    ("minimax_m2 reasoning", "minimax_m2", "minimax_m2", [], FACTS, REQUEST),
+    (
+        "minimax_m2 content",
+        "minimax_m2",
+        "minimax_m2",
+        [([151668], "</think>"), ([1], "Hi")],
+        FACTS,
+        REQUEST,
+    ),
     (
         "minimax_m2 arguments",
         "minimax_m2",
         "minimax_m2",
         [([200052], "<minimax:tool_call>"), ([1, 2], '<invoke name="f">\n<parameter name="k">')],
+        FACTS,
+        REQUEST,
     ),
-    ("minimax append-think", "minimax_m2_append_think", "minimax_m2", []),
+    ("minimax append-think", "minimax_m2_append_think", "minimax_m2", [], FACTS, REQUEST),
 ]
 SIZES = (100, 1_000, 10_000, 100_000)
 
