@@ -457,7 +457,7 @@ class _Run:
             if not call.hidden:
                 if tail:
                     self.tool_events.append(ToolArgsDelta(call.index, tail))
-                self.tool_events.append(ToolCallEnd(call.index))
+                self.tool_events.append(ToolCallEnd(call.index, complete=not call.writer.open))
         self.replace(call=None)
 
     # ---- output -------------------------------------------------------------------------

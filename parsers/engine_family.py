@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from parsers import _tag_engine as engine
 from parsers._tag_engine import EngineConfig, EngineSpec, EngineState
@@ -74,6 +74,8 @@ class EngineFamily(ChatFamily, frozen=True, dict=True):
 
 class BoundEngine(ChatFamily, frozen=True, dict=True):
     """An engine family bound to one request: configuration only."""
+
+    engine: ClassVar[bool] = True
 
     config: EngineConfig
     request: ParseRequest
