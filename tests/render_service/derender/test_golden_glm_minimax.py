@@ -8,7 +8,6 @@ sits in DIVERGENCES with its reason, and our answer must equal the named referen
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,61 +25,38 @@ NEWLINE_AFTER_CALL = (
     "leading whitespace of content waits for the next text, whatever the chunking (vLLM's "
     "one-token stream drops a lone newline after a call that bigger chunks keep)"
 )
-BATCH_IS_STREAM = (
-    "batch is the accumulated stream (vLLM's batch strips content around calls, drops text "
-    "after a call and the unfinished value of a cut call)"
+TEXT_AFTER_CALL = (
+    "batch keeps the text after a call, stripped as content beside calls is (vLLM's batch "
+    "drops it; its stream sends it)"
 )
 THINK_END_KEPT = (
     "append-think keeps </think> in the content (vLLM's minimax_m2 tool pass drops it once "
     "tools are parsed; its one-token and random chunkings also drop the blank lines after it)"
 )
-
-CUT_VALUE = (
-    "a stop string inside a value leaves the call as streamed up to the cut, the value "
-    "unterminated (vLLM's batch keeps the complete members only)"
-)
 CALL_IN_THINK_BLOCK = (
     "append-think streams the think block as written, a call in it included (vLLM's batch "
     "alone parses that call)"
 )
+MARKUP_WITHOUT_CALL = (
+    "append-think drops markup that yields no call in batch as in streaming (vLLM's batch keeps "
+    "it as content)"
+)
 
 # (directory, case, mode) -> (reference, reason); mode is a chunking or "batch". References:
 # "stream:<chunking>" is vLLM's answer for that chunking; "think_end:<chunking>" is that answer
-# with the `</think>` vLLM dropped put back where the model wrote it.
+# with the `</think>` vLLM dropped put back where the model wrote it; "think_end:batch" is
+# vLLM's batch answer with that `</think>` put back. A stream reference for "batch" is shaped
+# by the batch rule (content beside calls stripped, whitespace-only content null).
 DIVERGENCES: dict[tuple[str, str, str], tuple[str, str]] = {
     ("glm-4.5", "text_after_tool_call", "one_token"): ("stream:whole", NEWLINE_AFTER_CALL),
+    ("glm-4.5", "text_after_tool_call", "batch"): ("stream:whole", TEXT_AFTER_CALL),
+    ("minimax-m2.7", "text_after_tool_call", "batch"): ("think_end:whole", TEXT_AFTER_CALL),
     ("minimax-m2.7", "tool_call_inside_reasoning", "batch"): ("stream:whole", CALL_IN_THINK_BLOCK),
-    ("minimax-m2.7", "stop_string_inside_call", "batch"): ("cut_value:batch", CUT_VALUE),
-    ("minimax-m2.7-reasoning", "stop_string_inside_call", "batch"): ("cut_value:batch", CUT_VALUE),
-    **{
-        (directory, case, "batch"): ("stream:whole", BATCH_IS_STREAM)
-        for directory, cases in (
-            (
-                "glm-4.5",
-                (
-                    "content_before_tool_call",
-                    "include_reasoning_false_tool",
-                    "missing_arg_value_close",
-                    "text_after_tool_call",
-                    "truncated_in_arg_value",
-                ),
-            ),
-            (
-                "minimax-m2.7-reasoning",
-                (
-                    "content_before_tool_call",
-                    "include_reasoning_false_tool",
-                    "missing_parameter_close",
-                    "truncated_second_invoke",
-                ),
-            ),
-        )
-        for case in cases
-    },
 }
 
 
 THINK_END_ID = 200051  # MiniMax's `</think>`
+CALL_MARKUP = ("<minimax:tool_call>", "<invoke")
 
 
 def divergence(directory: str, case: dict[str, Any], mode: str) -> tuple[str, str] | None:
@@ -91,28 +67,46 @@ def divergence(directory: str, case: dict[str, Any], mode: str) -> tuple[str, st
     chat = case["request"].get("chat_request") or {}
     parsed = chat.get("tools") and chat.get("tool_choice") != "none"
     wrote_end = any(THINK_END_ID in out["token_ids"] for out in case["output"])
-    if parsed and wrote_end and "stream" in case:
+    if not (parsed and wrote_end):
+        return None
+    if mode != "batch":
         return "think_end:whole", THINK_END_KEPT
-    return None
+    if case["response"]["choices"][0]["message"].get("tool_calls"):
+        return "think_end:batch", THINK_END_KEPT
+    return "think_end:whole", MARKUP_WITHOUT_CALL
 
 
-def _is_json(text: str) -> bool:
-    try:
-        json.loads(text)
-    except ValueError:
-        return False
-    return True
+def batch_shaped(final: dict[str, Any]) -> dict[str, Any]:
+    """A streamed answer as the batch rule shapes an engine family's content beside calls."""
+    content = final["content"]
+    if final["tool_calls"] and content is not None:
+        final["content"] = content.strip() or None
+    return final
 
 
-def reference(case: dict[str, Any], ref: str) -> dict[str, Any]:
+def think_end_batch(case: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's batch answer with the `</think>` it dropped kept: the content before the calls."""
+    final = derender.message_final(case["response"]["choices"][0]["message"])
+    text = case["output"][0]["text"]
+    cut = min(text.index(mark) for mark in CALL_MARKUP if mark in text)
+    kept = ("<think>" + text[:cut]).strip()
+    # vLLM's content is that text without the `</think>`: the only difference.
+    assert kept.replace("</think>", "", 1).strip() == final["content"]
+    final["content"] = kept
+    return final
+
+
+def reference(case: dict[str, Any], ref: str, mode: str) -> dict[str, Any]:
     """vLLM's answer named by a divergence reference (see DIVERGENCES)."""
     kind, _, chunking = ref.partition(":")
+    if kind == "think_end" and chunking == "batch":
+        return think_end_batch(case)
     final = derender.stream_final(case["stream"]["chunkings"][chunking]["final"])
     if kind == "think_end":
         text = case["output"][0]["text"]
         at = len("<think>") + text.index("</think>")
         final["content"] = final["content"][:at] + "</think>" + final["content"][at:]
-    return final
+    return batch_shaped(final) if mode == "batch" else final
 
 
 @pytest.mark.parametrize(("directory", "path"), case_params(DIRECTORIES, "render"))
@@ -149,18 +143,8 @@ def test_batch_derender(directory: str, path: Path) -> None:
     got.pop("created")
     expected = {k: v for k, v in expected.items() if k != "created"}
     declared = divergence(directory, case, "batch")
-    if declared is not None and declared[0] == "cut_value:batch":
-        mine = derender.message_final(got["choices"][0]["message"])
-        want = derender.message_final(expected["choices"][0]["message"])
-        [(name, arguments)] = mine.pop("tool_calls")
-        [(want_name, want_arguments)] = want.pop("tool_calls")
-        if directory == "minimax-m2.7":  # append-think keeps the think block (THINK_END_KEPT)
-            want["content"] = "<think>" + case["output"][0]["text"].split("<minimax:tool_call>")[0]
-        assert mine == want and name == want_name, declared[1]
-        assert arguments.startswith(want_arguments[:-1]) and not _is_json(arguments), declared[1]
-        return
     if declared is not None:
-        want = reference(case, declared[0])
+        want = reference(case, declared[0], "batch")
         assert derender.message_final(got["choices"][0]["message"]) == want, declared[1]
         return
     got["choices"] = [derender.comparable_choice(c) for c in got["choices"]]
@@ -207,7 +191,7 @@ def test_streaming_derender(directory: str, path: Path, chunking: str) -> None:
                 call["chunk"]
             )
     if declared is not None:
-        assert derender.accumulate(chunks) == reference(case, declared[0]), declared[1]
+        assert derender.accumulate(chunks) == reference(case, declared[0], chunking), declared[1]
     else:
         final = stream["chunkings"][chunking]["final"]
         assert derender.accumulate(chunks) == derender.stream_final(final)
