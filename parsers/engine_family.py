@@ -76,6 +76,7 @@ class BoundEngine(ChatFamily, frozen=True, dict=True):
     """An engine family bound to one request: configuration only."""
 
     engine: ClassVar[bool] = True
+    tool_schemas: ClassVar[bool] = True  # values are typed by the schemas, chunk by chunk
 
     config: EngineConfig
     request: ParseRequest

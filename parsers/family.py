@@ -247,6 +247,9 @@ class ChatFamily(msgspec.Struct, frozen=True):
     #: The batch switches of `ToolFamily` (`engine`, `validates_arguments`), for this family's calls.
     engine: ClassVar[bool] = False
     validates_arguments: ClassVar[bool] = True
+    #: The family reads the tools' parameter schemas after `start` (a stream's state keeps them;
+    #: otherwise it keeps tool names only).
+    tool_schemas: ClassVar[bool] = False
 
     def bind(
         self, request: ParseRequest, reasoning: Family | None, tools: Family | None

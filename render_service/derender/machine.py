@@ -136,7 +136,10 @@ class ChoiceMachine:
             prompt_len=len(prompt_ids),
             options=options,
             parse_request=(
-                _lean(parse_request, parser is not None and parser.chat is not None)
+                _lean(
+                    parse_request,
+                    parser is not None and parser.chat is not None and not parser.chat.tool_schemas,
+                )
                 if stream
                 else None
             ),
@@ -312,7 +315,7 @@ class ChoiceMachine:
 def _lean(parse_request: ParseRequest | None, names_only: bool = False) -> ParseRequest | None:
     """What the parser still needs after ``start``: tool names and schemas and the template's
     on/off switches (a family may bind by them: DeepSeek-V3.1's `thinking`), no prose. A chat
-    family (Harmony) reads calls from the output's own framing: tool names only."""
+    family that does not type values by the schemas (Harmony) needs tool names only."""
     if parse_request is None:
         return None
     tools = parse_request.tools
