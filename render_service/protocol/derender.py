@@ -19,6 +19,9 @@ ChoiceIndex = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 
 
 class GenerateChoice(msgspec.Struct, kw_only=True):
+    """A choice of a non-streaming generate answer: without ``finish_reason`` it finished with
+    "stop" (vLLM's GenerateChoiceBase default, the OpenAI one)."""
+
     index: ChoiceIndex = 0
     finish_reason: str | None = "stop"
     stop_reason: int | str | None = None
@@ -27,6 +30,13 @@ class GenerateChoice(msgspec.Struct, kw_only=True):
     routed_experts: str | None = None
     sampling_mask: list[list[int]] | None = None
     weight_versions: list[dict[str, Any]] | None = None
+
+
+class GenerateStreamChoice(GenerateChoice, kw_only=True):
+    """A choice of one generate SSE event: without ``finish_reason`` the stream goes on (vLLM's
+    GenerateStreamChoiceBase defaults it to null)."""
+
+    finish_reason: str | None = None
 
 
 class GenerateResponse(msgspec.Struct, kw_only=True):
@@ -49,7 +59,7 @@ class GenerateChunk(msgspec.Struct, kw_only=True):
     """One SSE payload of a streaming /inference/v1/generate answer."""
 
     request_id: str
-    choices: list[GenerateChoice]
+    choices: list[GenerateStreamChoice]
     usage: dict[str, Any] | None = None
     output_mode: Literal["tokens"] = "tokens"
     prompt_token_ids: list[TokenId] | None = None

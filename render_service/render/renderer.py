@@ -137,10 +137,16 @@ class Renderer:
 
     def tokenize(
         self,
-        request: TokenizeChatRequest | TokenizeCompletionRequest,
+        request: TokenizeChatRequest | TokenizeCompletionRequest | dict[str, Any],
         media: MediaBatch | None = None,
     ) -> TokenizeResponse:
-        """The prompt's ids (``media``: the chat's images already processed, as for render)."""
+        """The prompt's ids (``media``: the chat's images already processed, as for render).
+
+        A dict is read as the /tokenize body: chat-style with ``messages``, else ``prompt``.
+        """
+        if isinstance(request, dict):
+            kind = TokenizeChatRequest if "messages" in request else TokenizeCompletionRequest
+            request = convert(request, kind, "body")
         self.model.check_name(request.model)
         if isinstance(request, TokenizeChatRequest):
             if request.continue_final_message and request.add_generation_prompt:
@@ -167,8 +173,10 @@ class Renderer:
             token_strs=strs,
         )
 
-    def detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+    def detokenize(self, request: DetokenizeRequest | dict[str, Any]) -> DetokenizeResponse:
         """The text of the ids (ids outside the vocabulary are dropped, as vLLM's HF path does)."""
+        if isinstance(request, dict):
+            request = convert(request, DetokenizeRequest, "body")
         self.model.check_name(request.model)
         vocab = self.model.vocab_size
         ids = [t for t in request.tokens if t < vocab]

@@ -20,6 +20,7 @@ import yaml
 
 from render_service.http.cli import build_parser
 from render_service.http.server import GRACEFUL_SHUTDOWN_SECONDS
+from tests.integration.nginx import nginx_quoted
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -295,14 +296,20 @@ def test_shipped_nginx_conf_passes_nginx_t(tmp_path: Path) -> None:
     if not Path(binary).exists():
         pytest.skip("nginx is not installed (.ci/run installs Debian's nginx-light)")
     conf = (DOCKER / "nginx.conf").read_text()
+    # Paths are quoted (the checkout or the temp dir may contain spaces), and every swap is made
+    # in one pass over the shipped text, so a replacement that itself contains "/tmp/" (a
+    # checkout under /tmp) is never rewritten again.
     swaps = {
         "server render:8000 resolve ": "server 127.0.0.1:8000 ",
-        "/etc/nginx/render-proxy.conf": str(DOCKER / "render-proxy.conf"),
-        "/tmp/": f"{tmp_path}/",
+        "/etc/nginx/render-proxy.conf": nginx_quoted(DOCKER / "render-proxy.conf"),
+        "/tmp/nginx.pid": nginx_quoted(tmp_path / "nginx.pid"),
+        "/tmp/client_body": nginx_quoted(tmp_path / "client_body"),
+        "/tmp/proxy": nginx_quoted(tmp_path / "proxy"),
     }
-    for old, new in swaps.items():
+    for old in swaps:
         assert old in conf, old
-        conf = conf.replace(old, new)
+    conf = re.sub("|".join(map(re.escape, swaps)), lambda m: swaps[m.group(0)], conf)
+    assert "/tmp/" not in re.sub(r'"[^"]*"', "", conf), "a container path was left unswapped"
     (tmp_path / "nginx.conf").write_text(conf)
     check = subprocess.run(
         [

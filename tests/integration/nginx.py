@@ -19,20 +19,21 @@ PROXY_CONF = REPO / "docker" / "render-proxy.conf"
 
 # The shipped docker/nginx.conf, minus what only makes sense in a container: fixed upstream
 # addresses instead of DNS, files in a temp dir, one foreground process owned by the test.
-# X-Served-By exposes which replica answered, for the test only.
+# X-Served-By exposes which replica answered, for the test only. Paths are quoted: the temp dir
+# or the checkout may contain spaces.
 _CONF = """
 daemon off;
 master_process off;
-error_log {dir}/error.log info;
-pid {dir}/nginx.pid;
+error_log {d[error.log]} info;
+pid {d[nginx.pid]};
 events {{ worker_connections 1024; }}
 http {{
-    access_log {dir}/access.log;
-    client_body_temp_path {dir}/body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
+    access_log {d[access.log]};
+    client_body_temp_path {d[body]};
+    proxy_temp_path {d[proxy]};
+    fastcgi_temp_path {d[fastcgi]};
+    uwsgi_temp_path {d[uwsgi]};
+    scgi_temp_path {d[scgi]};
     upstream render_service {{
 {servers}
         keepalive 16;
@@ -46,6 +47,11 @@ http {{
     }}
 }}
 """
+
+
+def nginx_quoted(path: Path) -> str:
+    """A path as one nginx token, spaces included."""
+    return '"' + str(path).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def nginx_binary() -> str:
@@ -66,7 +72,14 @@ def running_nginx(upstream_ports: Sequence[int], tmp_path: Path) -> Iterator[str
         f"        server 127.0.0.1:{p} max_fails=1 fail_timeout=10s;" for p in upstream_ports
     )
     conf = tmp_path / "nginx.conf"
-    conf.write_text(_CONF.format(dir=tmp_path, servers=servers, port=port, proxy_conf=PROXY_CONF))
+    files = ("error.log", "nginx.pid", "access.log", "body", "proxy", "fastcgi", "uwsgi", "scgi")
+    text = _CONF.format(
+        d={name: nginx_quoted(tmp_path / name) for name in files},
+        servers=servers,
+        port=port,
+        proxy_conf=nginx_quoted(PROXY_CONF),
+    )
+    conf.write_text(text)
     cmd = [binary, "-p", str(tmp_path), "-e", str(tmp_path / "error.log"), "-c", str(conf)]
     check = subprocess.run([*cmd, "-t"], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stderr
