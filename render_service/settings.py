@@ -45,6 +45,28 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
             "model directory or hub id in the local cache", default="the embedded default model"
         ),
     ]
+    tokenizer: Annotated[
+        str | None,
+        Option("tokenizer (and chat template) directory or cached hub id", default="MODEL"),
+    ] = None
+    revision: Annotated[
+        str | None,
+        Option("hub revision of MODEL when it is a cached hub id", default="the cached one"),
+    ] = None
+    tokenizer_revision: Annotated[
+        str | None, Option("hub revision of --tokenizer", default="--revision")
+    ] = None
+    trust_remote_code: Annotated[
+        bool, Option("let transformers run a tokenizer class shipped with the model")
+    ] = False
+    generation_config: Annotated[
+        str,
+        Option(
+            "sampling defaults: 'auto' (the model's generation_config.json), 'vllm' (none) "
+            "or a directory holding one",
+            metavar="auto|vllm|DIR",
+        ),
+    ] = "auto"
     served_model_name: Annotated[
         str | None,
         Option("the name in responses and that requests must use", default="MODEL, or 'default'"),
@@ -85,6 +107,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_parser: Annotated[
         str | None,
         Option("tool-call parser family for derender", choices=tool_parser_names),
+    ] = None
+    tool_strict_level: Annotated[
+        Literal["auto", "function", "parameter"] | None,
+        Option(
+            "floor for the tool constraints of render's structural tag", default="the tool parser's"
+        ),
     ] = None
     enable_auto_tool_choice: Annotated[
         bool, Option("enable the tool-call parser (needs --tool-call-parser)")

@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from render_service.derender import build_derenderer
 from render_service.http import metrics
+from render_service.http.errors import http_error
 from render_service.http.handlers import Service
 from render_service.render import Renderer
 
@@ -51,6 +53,7 @@ def build_app(renderer: Renderer) -> Starlette:
 
     app = Starlette(
         routes=routes,
+        exception_handlers={HTTPException: http_error},
         middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
         lifespan=lifespan,
     )

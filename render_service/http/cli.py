@@ -7,6 +7,7 @@ The flags, their defaults, help text and valid choices all come from ``Settings`
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import msgspec
 
 from render_service import __version__
+from render_service.http.vllm_flags import refusal
 from render_service.settings import Option, Settings
 
 
@@ -81,7 +83,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     )
     parser.add_argument("--version", action="version", version=f"render-service {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve one model over HTTP")
+    # No abbreviations: a shortened or misspelt flag must never silently become another one.
+    serve = sub.add_parser("serve", help="serve one model over HTTP", allow_abbrev=False)
     hints = get_type_hints(Settings, include_extras=True)
     for field in msgspec.structs.fields(Settings):
         base, option = _unwrap(hints[field.name])
@@ -111,7 +114,36 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def parse_settings(argv: Sequence[str]) -> Settings:
     """Settings from a ``serve`` command line (without the leading ``serve``)."""
     parser = build_parser()
-    return _settings(parser, parser.parse_args(["serve", *argv]))
+    return _settings(parser, _parse(parser, ["serve", *argv]))
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line, with each flag it does not know refused by name: a vLLM flag with the
+    reason it does not apply here, another with the closest flag we have."""
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    ours = _serve_flags(parser)
+    lines = []
+    for i, word in enumerate(unknown):
+        if not word.startswith("-"):
+            after_flag = i > 0 and unknown[i - 1].startswith("-") and "=" not in unknown[i - 1]
+            if not after_flag:  # else it is the value of the flag just refused
+                lines.append(f"unexpected argument {word!r}")
+            continue
+        reason = refusal(word, ours)
+        if reason is None:
+            name = word.split("=", 1)[0]
+            close = difflib.get_close_matches(name, ours, n=1)
+            reason = f"unrecognized flag {name}" + (f" (did you mean {close[0]}?)" if close else "")
+        lines.append(reason)
+    parser.error("\n  ".join(["the command line has arguments render-service does not take:", *lines]))
+
+
+def _serve_flags(parser: argparse.ArgumentParser) -> list[str]:
+    (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    serve = subcommands.choices["serve"]
+    return [option for action in serve._actions for option in action.option_strings]
 
 
 def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
@@ -122,14 +154,17 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # transformers' notice that PyTorch is missing is true and irrelevant (no weights are loaded
+    # here); the variable reaches every worker process.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
-    settings = _settings(parser, parser.parse_args(argv))
-    from render_service.http.server import serve
+    settings = _settings(parser, _parse(parser, argv))
+    from render_service.http.server import StartupError, serve
     from render_service.multimodal import MissingImageExtra
 
     try:
         serve(settings)
-    except MissingImageExtra as exc:
+    except (MissingImageExtra, StartupError) as exc:
         sys.exit(f"render-service: {exc}")
 
 

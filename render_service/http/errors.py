@@ -1,13 +1,15 @@
 """Errors become HTTP responses here, and only here: vLLM's error body for our error tree, its
-401 and 400 shapes for a bad key or undecodable body, a 408 for --request-timeout, and one
-logged 500 for anything else."""
+401 and 400 shapes for a bad key or undecodable body, a 408 for --request-timeout, one logged
+500 for anything else, and vLLM's error body for paths and methods no route takes (404, 405)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from http import HTTPStatus
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -69,3 +71,42 @@ def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Hand
             return MsgspecResponse(_INTERNAL, status_code=500)
 
     return endpoint
+
+
+# Paths where a client expecting a complete OpenAI or vLLM server posts a generation request.
+_GENERATION_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/inference/v1/generate",
+    }
+)
+
+
+def http_error(request: Request, exc: Exception) -> Response:
+    """A 404 or 405 from routing, in vLLM's error body (vLLM's own routing answers FastAPI's
+    ``{"detail": ...}``: docs/compat.md), saying what to do instead."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if exc.status_code == 404 and path in _GENERATION_PATHS:
+        render = "/v1/chat/completions" if path == "/inference/v1/generate" else path
+        message = (
+            f"{path} is not served here: render-service renders requests into token ids and "
+            "derenders generated ids; generation is served by the engine (vllm serve "
+            f"--tokens-only, POST /inference/v1/generate). Render with POST {render}/render, "
+            "send its answer to the engine, and derender what the engine returns."
+        )
+    elif exc.status_code == 404:
+        message = f"Not Found: no route for {path} (GET /openapi.json lists them)."
+    elif exc.status_code == 405:
+        headers = {name.lower(): value for name, value in (exc.headers or {}).items()}
+        allowed = headers.get("allow", "")
+        message = f"Method Not Allowed: {path} takes {allowed}, not {request.method}."
+    else:
+        message = str(exc.detail)
+    info = ErrorInfo(message=message, type=HTTPStatus(exc.status_code).phrase, code=exc.status_code)
+    return MsgspecResponse(
+        ErrorResponse(error=info), status_code=exc.status_code, headers=exc.headers
+    )

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 
 import msgspec
 import uvicorn
 from starlette.applications import Starlette
 
+from render_service import __version__
 from render_service.settings import Settings
 
 # The path of the settings file the parent writes for its workers (the file, not the variable,
@@ -88,13 +92,19 @@ def _configure_logging(log_level: str) -> None:
     metrics.access_log.configure(sys.stdout if on else None, probes=level == logging.DEBUG)
 
 
+class StartupError(Exception):
+    """The server cannot start; the message says why in one line (raised before any worker)."""
+
+
 def serve(settings: Settings) -> None:
     """Run the server until SIGTERM or SIGINT, then drain and return.
 
-    MissingImageExtra, before any worker starts, for an image model without the image stack.
+    Before any worker starts: StartupError for a model that is not there or an address that
+    cannot be bound, MissingImageExtra for an image model without the image stack.
     """
     _configure_logging(settings.log_level)
-    _require_extras(settings)
+    _require_extras(_model_path(settings), settings)
+    _check_address(settings.host, settings.port)
     if settings.state_secret is None:
         log.warning(
             "No --state-secret (or RENDER_SERVICE_STATE_SECRET): a random secret signs stream_state, "
@@ -103,6 +113,7 @@ def serve(settings: Settings) -> None:
         # One secret for all worker processes of this server, so its own workers agree.
         settings = msgspec.structs.replace(settings, state_secret=secrets.token_hex(32))
     workers = settings.server_workers
+    log.info("%s", startup_line(settings))
     metrics_dir = _multiprocess_metrics_dir() if workers > 1 else None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _drained)
@@ -125,16 +136,58 @@ def serve(settings: Settings) -> None:
         shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
-def _require_extras(settings: Settings) -> None:
+def startup_line(settings: Settings) -> str:
+    """What this server serves, with which parsers, in how many processes, where."""
+    parsers = [
+        f"{kind} parser {name}"
+        for kind, name in (
+            ("reasoning", settings.reasoning_parser),
+            ("tool-call", settings.tool_call_parser if settings.enable_auto_tool_choice else None),
+        )
+        if name not in (None, "", "none")
+    ]
+    workers = settings.server_workers
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return (
+        f"render-service {__version__} serving {settings.model_name!r} ({settings.model}) with "
+        f"{', '.join(parsers) or 'no parsers'}; {workers} worker process{'es' * (workers > 1)} "
+        f"x {settings.renderer_num_workers} render thread"
+        f"{'s' * (settings.renderer_num_workers > 1)}; http://{host}:{settings.port}"
+    )
+
+
+def _model_path(settings: Settings) -> Path:
+    """The model's directory, checked here so a wrong path is one line, not a crash per worker."""
     from render_service.model.loading import resolve_model_path
-    from render_service.multimodal import require_image_stack, takes_images
 
     try:
-        path = resolve_model_path(settings.model)
-    except FileNotFoundError:
-        return  # the workers report a missing model when they load it
+        return resolve_model_path(settings.model, settings.revision)
+    except FileNotFoundError as exc:
+        raise StartupError(str(exc)) from exc
+
+
+def _require_extras(path: Path, settings: Settings) -> None:
+    from render_service.multimodal import require_image_stack, takes_images
+
     if takes_images(path):
         require_image_stack(settings.model_name)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind the address once (as uvicorn will, with SO_REUSEADDR) so that a port in use or a
+    host that is not this machine's is reported with the address, before any worker starts."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        hint = " (another server is running there: choose another --port)"
+        reason = exc.strerror or str(exc)
+        in_use = exc.errno == errno.EADDRINUSE
+        raise StartupError(f"cannot listen on {shown}: {reason}{hint if in_use else ''}") from exc
 
 
 @contextmanager

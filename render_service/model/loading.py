@@ -57,7 +57,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def resolve_model_path(model: str) -> Path:
+def resolve_model_path(model: str, revision: str | None = None, what: str = "model") -> Path:
     """A local directory, or a hub id found in the local Hugging Face cache (offline)."""
     local = Path(model).expanduser()
     if local.is_dir():
@@ -66,11 +66,10 @@ def resolve_model_path(model: str) -> Path:
 
     # The hub client honours HF_HUB_OFFLINE itself: offline it answers from the local cache only.
     try:
-        return Path(snapshot_download(model))
+        return Path(snapshot_download(model, revision=revision))
     except Exception as exc:  # the hub client raises many types; all mean "not available here"
-        raise FileNotFoundError(
-            f"model {model!r} is neither a directory nor in the hub cache"
-        ) from exc
+        cached = "in the hub cache" if revision is None else f"in the hub cache at {revision!r}"
+        raise FileNotFoundError(f"{what} {model!r} is neither a directory nor {cached}") from exc
 
 
 _UNSCALED_ROPE_TYPES = frozenset(
@@ -111,6 +110,18 @@ def _load_chat_template(path: Path, tokenizer_config: dict[str, Any]) -> str | N
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default") or next(iter(named.values()), None)
     return template if isinstance(template, str) else None
+
+
+def _generation_config(path: Path, source: str) -> dict[str, Any]:
+    """vLLM's ``--generation-config``: "auto", "vllm" (no model defaults) or a directory."""
+    if source == "vllm":
+        return {}
+    folder = path if source == "auto" else Path(source).expanduser()
+    if source != "auto" and not (folder / "generation_config.json").is_file():
+        raise FileNotFoundError(
+            f"--generation-config {source!r} is not a directory with a generation_config.json"
+        )
+    return read_json(folder / "generation_config.json")
 
 
 def load_chat_template_arg(value: str) -> str:
@@ -173,22 +184,41 @@ def load_model(
     served_model_name: str | None = None,
     max_model_len: int | None = None,
     chat_template: str | None = None,
+    tokenizer: str | None = None,
+    revision: str | None = None,
+    tokenizer_revision: str | None = None,
+    trust_remote_code: bool = False,
+    generation_config: str = "auto",
 ) -> Model:
-    """Load a model directory (or an offline hub id) the way vLLM's render server does."""
+    """Load a model directory (or an offline hub id) the way vLLM's render server does.
+
+    The tokenizer and its chat template come from ``tokenizer`` when given (vLLM's
+    ``--tokenizer``), the configuration from ``model``; sampling defaults from the model's
+    generation_config.json ("auto"), from none ("vllm"), or from another directory.
+    """
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(model)
+    path = resolve_model_path(model, revision)
+    tokenizer_path = (
+        resolve_model_path(tokenizer, tokenizer_revision or revision, "--tokenizer")
+        if tokenizer is not None
+        else path
+    )
     config = read_json(path / "config.json")
-    tokenizer_config = read_json(path / "tokenizer_config.json")
-    generation = read_json(path / "generation_config.json")
-    hf_tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    tokenizer_config = read_json(tokenizer_path / "tokenizer_config.json")
+    generation = _generation_config(path, generation_config)
+    hf_tokenizer = AutoTokenizer.from_pretrained(
+        str(tokenizer_path), local_files_only=True, trust_remote_code=trust_remote_code
+    )
     derived_len = _max_model_len(config)
     if max_model_len is not None and max_model_len > derived_len:
         raise InvalidRequest(
             f"--max-model-len {max_model_len} is larger than the model's context length {derived_len}"
         )
     template = (
-        chat_template if chat_template is not None else _load_chat_template(path, tokenizer_config)
+        chat_template
+        if chat_template is not None
+        else _load_chat_template(tokenizer_path, tokenizer_config)
     )
     eos_ids = _as_ids(generation.get("eos_token_id")) or _as_ids(config.get("eos_token_id"))
     info = ModelInfo(

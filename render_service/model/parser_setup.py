@@ -56,9 +56,11 @@ class ParsingSetup:
         tool_parser: str | None,
         facts: TokenizerFacts,
         max_parsers: int = _PARSER_CACHE_SIZE,
+        tool_strict_level: str | None = None,
     ) -> None:
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
+        self.tool_strict_level = tool_strict_level
         self.facts = facts
         self.max_parsers = max_parsers
         self._parsers: OrderedDict[bytes, ChatParser | None] = OrderedDict()
@@ -97,7 +99,7 @@ class ParsingSetup:
         facts = TokenizerFacts.from_added_tokens(
             model.added_tokens(), model.special_ids(), token_bytes=table
         )
-        setup = cls(reasoning, tool, facts)
+        setup = cls(reasoning, tool, facts, tool_strict_level=settings.tool_strict_level)
         setup.parser(ParseRequest())
         return setup
 
@@ -113,7 +115,13 @@ class ParsingSetup:
                 self._parsers.move_to_end(key)
                 return self._parsers[key]
         # Built outside the lock: two threads may build the same parser once each.
-        parser = build_chat_parser(self.reasoning_parser, self.tool_parser, self.facts, request)
+        parser = build_chat_parser(
+            self.reasoning_parser,
+            self.tool_parser,
+            self.facts,
+            request,
+            tool_strict_level=self.tool_strict_level,
+        )
         with self._lock:
             self._parsers[key] = parser
             while len(self._parsers) > self.max_parsers:

@@ -80,6 +80,11 @@ class Renderer:
             served_model_name=settings.model_name,
             max_model_len=settings.max_model_len,
             chat_template=template,
+            tokenizer=settings.tokenizer,
+            revision=settings.revision,
+            tokenizer_revision=settings.tokenizer_revision,
+            trust_remote_code=settings.trust_remote_code,
+            generation_config=settings.generation_config,
         )
         return cls(loaded, settings)
 
@@ -145,7 +150,9 @@ class Renderer:
         A dict is read as the /tokenize body: chat-style with ``messages``, else ``prompt``.
         """
         if isinstance(request, dict):
-            kind = TokenizeChatRequest if "messages" in request else TokenizeCompletionRequest
+            kind: type[TokenizeChatRequest | TokenizeCompletionRequest] = (
+                TokenizeChatRequest if "messages" in request else TokenizeCompletionRequest
+            )
             request = convert(request, kind, "body")
         self.model.check_name(request.model)
         if isinstance(request, TokenizeChatRequest):
