@@ -137,7 +137,9 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
             close = difflib.get_close_matches(name, ours, n=1)
             reason = f"unrecognized flag {name}" + (f" (did you mean {close[0]}?)" if close else "")
         lines.append(reason)
-    parser.error("\n  ".join(["the command line has arguments render-service does not take:", *lines]))
+    parser.error(
+        "\n  ".join(["the command line has arguments render-service does not take:", *lines])
+    )
 
 
 def _serve_flags(parser: argparse.ArgumentParser) -> list[str]:

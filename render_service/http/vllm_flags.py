@@ -374,14 +374,14 @@ _SPELLINGS = _spellings()
 
 
 def refusal(flag: str, ours: Iterable[str]) -> str | None:
-    """Why ``flag`` (a vLLM spelling render-service lacks) is refused, or None for a flag vLLM
-    does not have either. ``ours``: render-service's own option strings."""
+    """Why ``flag`` is refused, or None when it is ours or not vLLM's either. ``ours``:
+    render-service's own option strings."""
     name = flag.split("=", 1)[0]
+    ours = set(ours)
     found = _SPELLINGS.get(name)
-    if found is None:
+    if found is None or name in ours:
         return None
     first, kind = found
-    ours = set(ours)
     if first in ours:  # vLLM's negative spelling of a flag we take
         return f"{name} is vLLM's spelling; render-service's is --no-{first[2:]}"
     instead = INSTEAD.get(first)
