@@ -156,9 +156,6 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    # transformers' notice that PyTorch is missing is true and irrelevant (no weights are loaded
-    # here); the variable reaches every worker process.
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     settings = _settings(parser, _parse(parser, argv))
     from render_service.http.server import StartupError, serve

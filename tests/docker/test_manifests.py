@@ -186,6 +186,24 @@ def test_engine_is_optional_and_tokens_only(compose: dict[str, Any]) -> None:
     engine = compose["services"]["engine"]
     assert engine["profiles"] == ["engine"]
     assert "--tokens-only" in engine["command"]
+    key = compose["services"]["render"]["environment"]["VLLM_API_KEY"]
+    assert engine["environment"]["VLLM_API_KEY"] == key  # one key guards both tiers
+
+
+def test_compose_default_paths_exist(compose: dict[str, Any]) -> None:
+    """A variable's default in a volume source (``${MODEL_DIR:-./models}``) names a path that
+    exists, so `docker compose up` works before anything is set."""
+    defaults = [
+        match
+        for service in compose["services"].values()
+        for volume in service.get("volumes", [])
+        for match in re.findall(r"\$\{[A-Z_]+:-([^}]+)\}", volume.split(":/")[0])
+    ]
+    assert "./models" in defaults
+    for default in defaults:
+        path = Path(default).expanduser()
+        if not path.is_absolute() and not default.startswith("~"):
+            assert (DOCKER / path).is_dir(), default
 
 
 def test_nginx_config_matches_compose_and_retries_posts(compose: dict[str, Any]) -> None:
