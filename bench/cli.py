@@ -36,6 +36,12 @@ from bench.servers import Server, ServerDown, free_port, load_average
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO.parent / "shared" / "models" / "qwen3"
+MODEL_HELP = (
+    "pass --model DIR, any local model directory (tokenizer files, chat template, config.json; "
+    "no weights) whose tokenizer has Qwen3's <think>, </think>, <tool_call>, </tool_call> and "
+    "<|im_end|> tokens: the workloads write that markup and both servers run with "
+    "--reasoning-parser qwen3 --tool-call-parser hermes"
+)
 PARSER_FLAGS = [
     "--reasoning-parser",
     "qwen3",
@@ -68,6 +74,8 @@ def compare(args: argparse.Namespace) -> int:
     if args.stream_budget:
         plan = msgspec.structs.replace(plan, stream_budget_s=args.stream_budget)
     model = Path(args.model).resolve()
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"python -m bench compare: no model directory at {model}: {MODEL_HELP}")
     out_dir = Path(args.out)
     started = dt.datetime.now(dt.UTC)
     venv = peer.venv_dir(args.vllm_venv)
@@ -167,7 +175,9 @@ def ours_command(template: str, model: str, port: int, flags: list[str]) -> list
             str(port),
             *flags,
         ]
-    words = shlex.split(template.format(model=model, port=port, flags=shlex.join(flags)))
+    words = shlex.split(
+        template.format(model=shlex.quote(model), port=port, flags=shlex.join(flags))
+    )
     return words
 
 
@@ -175,11 +185,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     cmp = sub.add_parser("compare", help="measure render-service and vLLM 0.33.0 side by side")
-    cmp.add_argument("--quick", action="store_true", help="small bounded run (< 3 minutes)")
+    cmp.add_argument("--quick", action="store_true", help="the small plan (bench/README.md)")
     cmp.add_argument(
         "--model",
         default=str(DEFAULT_MODEL),
-        help="HF model directory (default: ../shared/models/qwen3)",
+        help="a local Qwen3-family model directory (default: ../shared/models/qwen3)",
     )
     cmp.add_argument("--out", default=str(REPO / "bench" / "results"), help="report directory")
     cmp.add_argument(

@@ -130,7 +130,9 @@ class Reader:
         if block.lang == "python":
             script = self.workdir / f"block-{block.line}.py"
             script.write_text(code, encoding="utf-8")
-            command = [sys.executable, str(script)]
+            venv_python = REPO / ".venv" / "bin" / "python"
+            python = venv_python if not self.installed and venv_python.exists() else sys.executable
+            command = [str(python), str(script)]
         else:
             command = ["bash", "-euo", "pipefail", "-c", code]
         print(f"$ {code.strip()}", flush=True)
@@ -139,19 +141,14 @@ class Reader:
             command = ["bash", "-euo", "pipefail", "-c", code]
             self.stack.enter_context(self.server(command, code, block))
             return Outcome(block, True)
-        done = subprocess.run(
-            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        print(done.stdout, end="" if done.stdout.endswith("\n") else "\n", flush=True)
-        if done.returncode != 0:
-            raise AssertionError(f"{block} exited {done.returncode}:\n{done.stdout}")
-        if block.expected is None and '{"error":' in done.stdout:
-            raise AssertionError(f"{block} printed an error body:\n{done.stdout}")
+        output, status = _run_echoed(command)
+        if status != 0:
+            raise AssertionError(f"{block} exited {status}:\n{output[-5000:]}")
+        if block.expected is None and '{"error":' in output:
+            raise AssertionError(f"{block} printed an error body:\n{output}")
         expected = block.expected and self.swap_ports(block.expected)
-        if expected is not None and not matches(done.stdout, expected):
-            raise AssertionError(
-                f"{block} printed:\n{done.stdout}\nthe document shows:\n{expected}"
-            )
+        if expected is not None and not matches(output, expected):
+            raise AssertionError(f"{block} printed:\n{output}\nthe document shows:\n{expected}")
         return Outcome(block, True)
 
     @contextmanager
@@ -178,6 +175,22 @@ class Reader:
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+
+
+def _run_echoed(command: list[str]) -> tuple[str, int]:
+    """Run ``command``, echoing its output line by line as it comes (a test run takes minutes)."""
+    lines = []
+    with subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    output = "".join(lines)
+    if output and not output.endswith("\n"):
+        print(flush=True)
+    return output, process.returncode
 
 
 def _healthy(port: int) -> bool:

@@ -3,11 +3,21 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from starlette.routing import Route
 
+import parsers
+from bench.cli import _parser
+from render_service.http.app import build_app
+from render_service.model.default_model import ensure_default_model
+from render_service.render import Renderer
 from tests.doc_commands import SHARED_QWEN3, Outcome, blocks, read
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,15 +50,8 @@ def test_every_python_and_bash_block_is_run(doc: str) -> None:
 
 
 def test_api_doc_lists_every_route() -> None:
-    from starlette.routing import Route
-
-    from render_service.http.app import build_app
-    from render_service.render import Renderer
-
     doc = (REPO / "docs" / "api.md").read_text()
     table = set(re.findall(r"^\| (GET|POST) \| `([^`]+)` \|", doc, re.MULTILINE))
-    from render_service.model.default_model import ensure_default_model
-
     with Renderer.from_pretrained(str(ensure_default_model())) as renderer:
         app = build_app(renderer)
     routes = {
@@ -69,9 +72,51 @@ def test_api_doc_lists_every_route() -> None:
     ],
 )
 def test_deployment_doc_lists_every_registered_parser(flag: str, registered: str) -> None:
-    import parsers
-
     doc = (REPO / "docs" / "deployment.md").read_text()
     (row,) = [line for line in doc.splitlines() if line.startswith(f"| `{flag}` |")]
     listed = re.findall(r"`([a-z0-9_]+)`", row.split("one of", 1)[1].split("(")[0])
     assert listed == getattr(parsers, registered)()
+
+
+def test_bench_readme_commands_as_far_as_this_machine_can(tmp_path: Path) -> None:
+    """`compare` needs vLLM's venv and minutes (measured by hand, bench/README.md says how
+    long); here: the test command, `report` on a copy of a shipped result, every option of
+    the options table, and `compare` without a model stopping at once with what to pass."""
+    readme = REPO / "bench" / "README.md"
+    check(read(readme, installed=True, select="tests/bench"))
+    commands = [b.code for b in blocks(readme) if "python -m bench" in b.code]
+    assert commands and all(
+        c.count("PYTHONPATH=. .venv/bin/python -m bench") == 3 for c in commands
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    shown = re.search(r"-m bench report (\S+)", commands[0])
+    assert shown is not None
+    result = tmp_path / Path(shown.group(1)).name
+    shutil.copy(REPO / shown.group(1), result)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "report", str(result)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / result.name.replace(".json", ".md")).is_file()
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "compare", "--quick", "--model", str(tmp_path / "none")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    assert "pass --model DIR, any local model directory" in done.stderr
+
+    (compare,) = [a.choices["compare"] for a in _parser()._actions if getattr(a, "choices", None)]
+    options = {o for a in compare._actions for o in a.option_strings if o != "-h"} - {"--help"}
+    rows = set(re.findall(r"^\| `(--[a-z-]+)", readme.read_text(), re.MULTILINE))
+    assert rows == options
