@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -89,8 +90,9 @@ def free_port() -> int:
 class Reader:
     """Runs a document's blocks with the swaps above; servers stop when the reader does."""
 
-    def __init__(self, installed: bool, workdir: Path) -> None:
+    def __init__(self, installed: bool, workdir: Path, bin_dir: Path | None = None) -> None:
         self.installed = installed
+        self.bin_dir = bin_dir or Path(sys.executable).parent
         self.workdir = workdir
         self.ports = {p: str(free_port()) for p in ("8000", "8001", "8002")}
         self.stack = ExitStack()
@@ -106,25 +108,26 @@ class Reader:
             text = re.sub(rf"\b{port}\b", free, text)
         return text
 
-    def prepare(self, code: str) -> str | None:
-        """The block as it runs here, or None when it needs what this machine lacks."""
+    def prepare(self, block: Block) -> str | None:
+        """The block as it runs here, or None when it needs what this machine lacks. Paths put
+        into a bash block are quoted: the checkout's may contain spaces."""
+        code = block.code
+        path = shlex.quote if block.lang == "bash" else str
         if "/models/Qwen3-8B" in code:
             if not SHARED_QWEN3.is_dir():
                 return None
-            code = code.replace("/models/Qwen3-8B", str(SHARED_QWEN3))
+            code = code.replace("/models/Qwen3-8B", path(str(SHARED_QWEN3)))
         code = self.swap_ports(code)
         if self.installed:
-            bin_dir = str(Path(sys.executable).parent)
-            code = code.replace(".venv/bin/", f"{bin_dir}/")
             lines = []
             for line in code.split("\n"):
                 steps = [s for s in line.split(" && ") if not _INSTALL.match(s.strip())]
                 lines.append(" && ".join(steps))
-            code = "\n".join(lines)
+            code = "\n".join(lines).replace(".venv/bin/", f"{path(str(self.bin_dir))}/")
         return code
 
     def run(self, block: Block) -> Outcome:
-        code = self.prepare(block.code)
+        code = self.prepare(block)
         if code is None:
             return Outcome(block, False, f"needs {SHARED_QWEN3}, which is absent here")
         if block.lang == "python":

@@ -15,10 +15,11 @@ from starlette.routing import Route
 
 import parsers
 from bench.cli import _parser
+from render_service import __version__
 from render_service.http.app import build_app
 from render_service.model.default_model import ensure_default_model
 from render_service.render import Renderer
-from tests.doc_commands import SHARED_QWEN3, Outcome, blocks, read
+from tests.doc_commands import SHARED_QWEN3, Block, Outcome, Reader, blocks, read
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +38,20 @@ def test_readme_commands_run_except_the_test_suite() -> None:
     """The README's install lines and its test command run in .ci/run's newcomer run (a fresh
     clone); here the rest of it runs (the server, Try it, the library)."""
     check(read(REPO / "README.md", installed=True, exclude="pytest"))
+
+
+def test_commands_run_from_a_checkout_whose_path_has_a_space(tmp_path: Path) -> None:
+    """.ci/run reads the docs in a clone under a path with a space: the environment's paths
+    put into a command stay one word, and its install steps are still left out."""
+    spaced = tmp_path / "first hour"
+    spaced.mkdir()
+    (spaced / "bin").symlink_to(Path(sys.executable).parent, target_is_directory=True)
+    install = "python3 -m venv .venv && .venv/bin/pip install -c constraints.txt '.[images]'"
+    block = Block("bash", f"{install} && .venv/bin/render-service --version\n", None, 1)
+    with Reader(True, tmp_path, spaced / "bin") as reader:
+        assert reader.prepare(block) == f"'{spaced}/bin'/render-service --version\n"
+        block.expected = f"render-service {__version__}\n"
+        assert reader.run(block).ran
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/quickstart.md"])
