@@ -8,11 +8,12 @@ A ```python block runs with the environment's Python. A ```text block right afte
 what the command prints (stdout and stderr together); a line ending in ``...`` matches any line
 with that start. A command with no text block fails if it prints an error body (``{"error":``).
 
-What a reader's machine has and this one may not is swapped in: the ports 8000 to 8002 become
-free ones, ``/models/Qwen3-8B`` becomes ../shared/models/qwen3 (a block naming it is skipped
-where ../shared is absent). With ``installed=True`` (inside the test suite) ``.venv/bin/`` is the
-running environment's and the install steps of a command (``python3 -m venv``, ``pip install``)
-are left out: the newcomer run in .ci/run runs them (``python3 tests/doc_commands.py README.md``).
+What a reader's machine has and this one may not is swapped in: the ports 8000 to 8003 become free
+ones, ``/models/Qwen3-8B`` and ``/models/gpt-oss-20b`` become ../shared/models/qwen3 and gpt-oss (a
+block naming one is skipped where ../shared is absent). With ``installed=True`` (inside the test
+suite) ``.venv/bin/`` is the running environment's and the install steps of a command (``python3 -m
+venv``, ``pip install``) are left out: the newcomer run in .ci/run runs them (``python3
+tests/doc_commands.py README.md``).
 
 Standard library only: the newcomer run starts it before anything is installed.
 """
@@ -36,7 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_QWEN3 = REPO.parent / "shared" / "models" / "qwen3"
+SHARED_MODELS = REPO.parent / "shared" / "models"
+# The model paths the docs show, and the shared models standing in for them.
+MODELS = {
+    "/models/Qwen3-8B": SHARED_MODELS / "qwen3",
+    "/models/gpt-oss-20b": SHARED_MODELS / "gpt-oss",
+}
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 # A command whose last step starts a server (a trailing "&" is the reader's way of saying so).
 _SERVER = re.compile(r"(render-service serve|examples/fake_engine\.py)[^|;&]*&?\s*$")
@@ -94,7 +100,7 @@ class Reader:
         self.installed = installed
         self.bin_dir = bin_dir or Path(sys.executable).parent
         self.workdir = workdir
-        self.ports = {p: str(free_port()) for p in ("8000", "8001", "8002")}
+        self.ports = {p: str(free_port()) for p in ("8000", "8001", "8002", "8003")}
         self.stack = ExitStack()
 
     def __enter__(self) -> Reader:
@@ -113,10 +119,11 @@ class Reader:
         into a bash block are quoted: the checkout's may contain spaces."""
         code = block.code
         path = shlex.quote if block.lang == "bash" else str
-        if "/models/Qwen3-8B" in code:
-            if not SHARED_QWEN3.is_dir():
-                return None
-            code = code.replace("/models/Qwen3-8B", path(str(SHARED_QWEN3)))
+        for shown, here in MODELS.items():
+            if shown in code:
+                if not here.is_dir():
+                    return None
+                code = code.replace(shown, path(str(here)))
         code = self.swap_ports(code)
         if self.installed:
             lines = []
@@ -129,7 +136,7 @@ class Reader:
     def run(self, block: Block) -> Outcome:
         code = self.prepare(block)
         if code is None:
-            return Outcome(block, False, f"needs {SHARED_QWEN3}, which is absent here")
+            return Outcome(block, False, f"needs {SHARED_MODELS}, which is absent here")
         if block.lang == "python":
             script = self.workdir / f"block-{block.line}.py"
             script.write_text(code, encoding="utf-8")

@@ -19,7 +19,7 @@ from render_service import __version__
 from render_service.http.app import build_app
 from render_service.model.default_model import ensure_default_model
 from render_service.render import Renderer
-from tests.doc_commands import SHARED_QWEN3, Block, Outcome, Reader, blocks, read
+from tests.doc_commands import SHARED_MODELS, Block, Outcome, Reader, blocks, read
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def check(outcomes: list[Outcome]) -> None:
     assert outcomes
     for outcome in outcomes:
-        assert outcome.ran or str(SHARED_QWEN3) in outcome.reason, outcome
+        assert outcome.ran or str(SHARED_MODELS) in outcome.reason, outcome
 
 
 def test_quickstart_commands_run_and_print_what_it_shows() -> None:
