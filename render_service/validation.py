@@ -50,9 +50,11 @@ def schema_error(
 
 
 def decode_body(
-    data: bytes | str, decoder: msgspec.json.Decoder[T], remap: ParamRemap | None = None
+    data: bytes | str,
+    decoder: msgspec.json.Decoder[T] | msgspec.msgpack.Decoder[T],
+    remap: ParamRemap | None = None,
 ) -> T:
-    """Decode a JSON body; schema and syntax errors become 400 SchemaErrors."""
+    """Decode a JSON (or msgpack) body; schema and syntax errors become 400 SchemaErrors."""
     try:
         return decoder.decode(data)
     except msgspec.ValidationError as exc:
@@ -75,6 +77,27 @@ def _json_error_offset(data: bytes | str) -> str:
     except (ValueError, RecursionError):
         return ""
     return ""
+
+
+def decode_field(
+    data: bytes, decoder: msgspec.json.Decoder[T] | msgspec.msgpack.Decoder[T], field: str
+) -> T:
+    """Decode one field of a body kept as raw JSON (``msgspec.Raw``): its errors read as they
+    would had the whole body been decoded at once (``body.<field>...``)."""
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        detail, _, where = text.rpartition(" - at `")
+        if not detail:
+            detail, where = text, "$`"
+        inner = where.rstrip("`").removeprefix("$")
+        raise schema_error(msgspec.ValidationError(f"{detail} - at `$.{field}{inner}`")) from exc
+    except msgspec.DecodeError as exc:  # msgpack only: JSON's syntax was checked with the body
+        raise SchemaError(
+            f"1 validation error:\n  {{'loc': 'body.{field}', 'msg': 'msgpack decode error: {exc}'}}",
+            f"body.{field}",
+        ) from exc
 
 
 def convert(value: Any, type_: type[T], path: str) -> T:

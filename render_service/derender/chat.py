@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -12,10 +13,11 @@ import msgspec
 from parsers import ChatParser, ParseRequest
 from render_service.derender import logprobs as lp
 from render_service.derender.assembly import chunk_usage, delta_parts, message_parts, now
+from render_service.derender.inputs import Check, StreamInputs, no_check
 from render_service.derender.machine import ChoiceState, OutputOptions
 from render_service.derender.stop_strings import StopStrings, refuse_in_stream
 from render_service.derender.streams import check_same_stream
-from render_service.errors import InvalidRequest, SchemaError
+from render_service.errors import InvalidRequest, RenderServiceError, SchemaError
 from render_service.model.parser_setup import resolve_tool_choice
 from render_service.model.templating import template_kwargs
 from render_service.protocol.chat import (
@@ -31,13 +33,19 @@ from render_service.protocol.chat import (
 from render_service.protocol.derender import (
     ChatDerenderChunk,
     ChatDerenderChunks,
+    ChatDerenderStreams,
     DerenderChatRequest,
     DerenderChatStreamRequest,
+    DerenderChatStreamsRequest,
+    DerenderChatStreamWire,
+    DerenderStreamItem,
     GenerateChoice,
     GenerateChunk,
+    StreamResult,
 )
+from render_service.protocol.server import ErrorInfo
 from render_service.protocol.usage import UsageInfo
-from render_service.validation import convert
+from render_service.validation import convert, stop_strings
 
 if TYPE_CHECKING:
     from render_service.derender.derenderer import Derenderer
@@ -136,44 +144,127 @@ def _message_choice(
 
 
 def derender_chat_stream(
-    d: Derenderer, body: DerenderChatStreamRequest
+    d: Derenderer,
+    body: DerenderChatStreamRequest | DerenderChatStreamWire,
+    check: Check | None = None,
 ) -> ChatDerenderChunk | ChatDerenderChunks:
     """Streaming chunks of one choice: the chunk and the state for the next call.
 
     With ``generate_chunks`` (several generate chunks of one choice, in order) the answer holds
-    one derendered chunk each and one state at the end.
+    one derendered chunk each and one state at the end. ``check``: the server's checks of an
+    embedded chat request (its limits), run when the request is decoded.
     """
-    d.model.check_name(body.model)
     chunks = stream_chunks(body.generate_chunk, body.generate_chunks)
-    request = _chat_request(body.chat_request)
-    if request is not None:
-        refuse_in_stream(request.stop)
-    token = body.stream_state
-    state: ChoiceState | None = None
-    outs = []
-    finished = False
-    for chunk in chunks:
+    call = StreamCall(
+        model=body.model,
+        chunks=chunks,
+        stream_state=body.stream_state,
+        prompt_tokens=body.prompt_tokens,
+        inputs=stream_inputs(body, check),
+        seed=body.derender_seed,
+    )
+    outs, token = stream_call(d, call)
+    if body.generate_chunks is not None:
+        return ChatDerenderChunks(chunks=outs, stream_state=token)
+    return ChatDerenderChunk(chunk=outs[0], stream_state=token)
+
+
+def stream_inputs(
+    body: DerenderChatStreamRequest | DerenderChatStreamWire | DerenderStreamItem,
+    check: Check | None = None,
+    msgpack: bool = False,
+) -> StreamInputs:
+    """The call's prompt ids and chat request: raw JSON (or msgpack) from the HTTP layer, else
+    values."""
+    if isinstance(body, DerenderChatStreamRequest):
+        return StreamInputs(body.prompt_token_ids, body.chat_request)
+    return StreamInputs.of_raw(
+        body.prompt_token_ids, body.chat_request, check or no_check, msgpack=msgpack
+    )
+
+
+@dataclass(frozen=True)
+class StreamCall:
+    """One streaming call of one choice, whichever endpoint carried it."""
+
+    model: str | None
+    chunks: Sequence[GenerateChunk]
+    stream_state: Any
+    prompt_tokens: int | None
+    inputs: StreamInputs
+    seed: str | None = None
+
+
+def stream_call(
+    d: Derenderer, call: StreamCall
+) -> tuple[list[ChatCompletionStreamResponse], Any]:
+    """The derendered chunks of one call and the ``stream_state`` for the next."""
+    d.model.check_name(call.model)
+    for chunk in call.chunks:
         if len(chunk.choices) > 1:
             raise InvalidRequest(
                 "derender_chat_stream expects at most one choice per chunk "
                 f"(got {len(chunk.choices)})."
             )
+    token = call.stream_state
+    state: ChoiceState | None = None
+    outs = []
+    finished = False
+    for chunk in call.chunks:
         if not chunk.choices:
-            outs.append(_stream_response(d, body, chunk, [], request))
+            request = call.inputs.chat_request()
+            return_ids = request is not None and bool(request.return_token_ids)
+            outs.append(_stream_response(d, call, chunk, [], return_ids))
             continue
         if state is None:
-            fresh = partial(_fresh_state, d, chunk, request, body.prompt_token_ids)
-            state = d.streams.load(token, chunk, fresh)
+            state = _load(d, call, chunk)
         else:
             check_same_stream(state, chunk)
         choice, state = _stream_choice(d, chunk, state)
         finished = chunk.choices[0].finish_reason is not None
-        outs.append(_stream_response(d, body, chunk, [choice], request))
+        # The request's return_token_ids is the state's: one request was checked against it.
+        return_ids = call.inputs.has_chat_request and state.options.return_token_ids
+        outs.append(_stream_response(d, call, chunk, [choice], return_ids))
     if state is not None:
         token = d.streams.store(state, finished)
-    if body.generate_chunks is not None:
-        return ChatDerenderChunks(chunks=outs, stream_state=token)
-    return ChatDerenderChunk(chunk=outs[0], stream_state=token)
+    return outs, token
+
+
+def _load(d: Derenderer, call: StreamCall, chunk: GenerateChunk) -> ChoiceState:
+    """The state ``chunk`` continues, its inputs decoded and checked only where they must be:
+    on a stream's first call, and where they differ from the ones the stream started with."""
+    inputs = call.inputs
+    token = call.stream_state
+    if token is None and call.seed is not None:
+        if inputs.has_chat_request or inputs.prompt_ids() is not None:
+            _check_inputs(inputs)
+        return d.seeds.start(call.seed, chunk)
+    if token is None or isinstance(token, dict):
+        request = _check_inputs(inputs)
+        fresh = partial(_fresh_state, d, chunk, request, inputs.prompt_ids())
+        state = d.streams.load(token, chunk, fresh)
+        return msgspec.structs.replace(state, inputs=inputs.digest) if inputs.digest else state
+    try:
+        state = d.streams.load(token, chunk, _no_fresh_state)
+    except RenderServiceError:
+        inputs.validate()  # a body with bad inputs too answers as a whole decode would
+        raise
+    if not inputs.digest or inputs.digest != state.inputs:
+        _check_inputs(inputs)
+    return state
+
+
+def _check_inputs(inputs: StreamInputs) -> ChatCompletionRequest | None:
+    """Validate a call's inputs as vLLM does on every call; the chat request, if any."""
+    inputs.prompt_ids()
+    request = inputs.chat_request()
+    if request is not None:
+        refuse_in_stream(request.stop)
+    return request
+
+
+def _no_fresh_state() -> ChoiceState:
+    raise AssertionError("a signed stream_state never starts a stream")
 
 
 def _fresh_state(
@@ -191,6 +282,61 @@ def _fresh_state(
     return d.machine.start(
         chunk.request_id, chunk.choices[0].index, ids, _options(d, request), parse_request
     )
+
+
+def derender_chat_streams(
+    d: Derenderer,
+    body: DerenderChatStreamsRequest | Sequence[DerenderChatStreamRequest],
+    check: Check | None = None,
+    msgpack: bool = False,
+) -> ChatDerenderStreams:
+    """One chunk for each of many streams, in order; an item that fails gets the error a
+    single-stream call would have answered, and the others go on. ``msgpack``: the body was
+    msgpack (its raw fields are)."""
+    model = body.model if isinstance(body, DerenderChatStreamsRequest) else None
+    items: Sequence[DerenderStreamItem | DerenderChatStreamRequest] = (
+        body.items if isinstance(body, DerenderChatStreamsRequest) else body
+    )
+    d.model.check_name(model)
+    results = []
+    for item in items:
+        if isinstance(item, DerenderChatStreamRequest):
+            item_model = item.model or model
+            chunks = stream_chunks(item.generate_chunk, item.generate_chunks)
+        else:
+            item_model, chunks = model, [item.generate_chunk]
+        call = StreamCall(
+            model=item_model,
+            chunks=chunks,
+            stream_state=item.stream_state,
+            prompt_tokens=item.prompt_tokens,
+            inputs=stream_inputs(item, check, msgpack),
+            seed=item.derender_seed,
+        )
+        try:
+            outs, token = stream_call(d, call)
+        except RenderServiceError as exc:
+            error = ErrorInfo(
+                message=exc.message, type=exc.error_type, param=exc.param, code=exc.status
+            )
+            results.append(StreamResult(error=error))
+            continue
+        for out in outs[:-1]:  # several generate chunks of one library item: all but the last
+            results.append(StreamResult(chunk=out, stream_state=item.stream_state))
+        results.append(StreamResult(chunk=outs[-1], stream_state=token))
+    return ChatDerenderStreams(items=results)
+
+
+def derender_seed(
+    d: Derenderer, request: ChatCompletionRequest | dict[str, Any], prompt_ids: list[int]
+) -> str:
+    """The seed a stream of ``request``, rendered to ``prompt_ids``, starts from: the state a
+    first call with both would build (``_fresh_state``), not yet bound to a generate request."""
+    if isinstance(request, dict):
+        request = convert(request, ChatCompletionRequest, "body")
+    parse_request = _parse_request(d, request)
+    start = d.machine.begin(prompt_ids, _options(d, request), parse_request)
+    return d.seeds.make(start, stops=bool(stop_strings(request.stop)))
 
 
 def _stream_choice(
@@ -237,18 +383,17 @@ def _stream_choice(
 
 def _stream_response(
     d: Derenderer,
-    body: DerenderChatStreamRequest,
+    call: StreamCall,
     chunk: GenerateChunk,
     choices: list[ChatCompletionResponseStreamChoice],
-    request: ChatCompletionRequest | None,
+    return_ids: bool,
 ) -> ChatCompletionStreamResponse:
-    return_ids = request is not None and request.return_token_ids
     return ChatCompletionStreamResponse(
         id=chunk.request_id,
         created=now(),
-        model=body.model or d.model_name,
+        model=call.model or d.model_name,
         choices=choices,
-        usage=chunk_usage(body.prompt_tokens, chunk),
+        usage=chunk_usage(call.prompt_tokens, chunk),
         prompt_token_ids=chunk.prompt_token_ids if return_ids else None,
         metrics=chunk.metrics,
     )

@@ -8,24 +8,32 @@ chunk. A stream carries the machine's state between calls as a small signed valu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import msgspec
 
 from render_service.apis import messages as messages_api
 from render_service.derender import chat, completion, messages, responses
+from render_service.derender.inputs import Check
 from render_service.derender.machine import ChoiceMachine
 from render_service.derender.parser_cache import ParserCache
+from render_service.derender.seeds import Seeds
 from render_service.derender.stream_state import VERSION, StateCodec, random_secret
 from render_service.derender.streams import CachedState, StreamStates
 from render_service.model.loading import Model
 from render_service.model.parser_setup import ParsingSetup
-from render_service.protocol.chat import ChatCompletionResponse
+from render_service.protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from render_service.protocol.completions import CompletionResponse
 from render_service.protocol.derender import (
     ChatDerenderChunk,
     ChatDerenderChunks,
+    ChatDerenderStreams,
     CompletionDerenderChunk,
     DerenderChatRequest,
     DerenderChatStreamRequest,
+    DerenderChatStreamsRequest,
+    DerenderChatStreamWire,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
     DerenderMessagesRequest,
@@ -48,12 +56,14 @@ class Derenderer:
         settings: Settings,
         codec: StateCodec,
         cache: ParserCache[CachedState],
+        secret: bytes,
     ) -> None:
         self.model = model
         self.settings = settings
         self.machine = ChoiceMachine(model, parsing, settings.max_logprobs)
         self.streams = StreamStates(self.machine, codec, cache)
         self.template_probes = messages_api.TemplateProbes(model, settings)
+        self.seeds = Seeds(self.machine, settings, secret)
 
     @property
     def model_name(self) -> str:
@@ -68,10 +78,34 @@ class Derenderer:
         return chat.derender_chat(self, body)
 
     def derender_chat_stream(
-        self, body: DerenderChatStreamRequest
+        self, body: DerenderChatStreamRequest | DerenderChatStreamWire, check: Check | None = None
     ) -> ChatDerenderChunk | ChatDerenderChunks:
-        """One chat chunk (or one per ``generate_chunks`` item) and the next ``stream_state``."""
-        return chat.derender_chat_stream(self, body)
+        """One chat chunk (or one per ``generate_chunks`` item) and the next ``stream_state``.
+
+        ``check``: the server's checks of an embedded chat request (the HTTP layer's limits).
+        """
+        return chat.derender_chat_stream(self, body, check)
+
+    def derender_chat_streams(
+        self,
+        body: DerenderChatStreamsRequest | Sequence[DerenderChatStreamRequest],
+        check: Check | None = None,
+        *,
+        msgpack: bool = False,
+    ) -> ChatDerenderStreams:
+        """One chunk for each of many streams (one engine step), each item answered on its own:
+        its chunk and next state, or the error a single-stream call would have answered.
+
+        ``body``: the HTTP body (``msgpack``: decoded from msgpack), or (in process)
+        single-stream bodies, one per stream."""
+        return chat.derender_chat_streams(self, body, check, msgpack)
+
+    def derender_seed(
+        self, request: ChatCompletionRequest | dict[str, Any], prompt_ids: list[int]
+    ) -> str:
+        """A signed seed that starts a stream of ``request`` rendered as ``prompt_ids``: pass it
+        as a first derender call's ``derender_seed`` instead of its prompt and chat request."""
+        return chat.derender_seed(self, request, prompt_ids)
 
     def derender_completion(self, body: DerenderCompletionRequest) -> CompletionResponse:
         """Non-streaming completions derender: vLLM's CompletionResponse."""
@@ -120,4 +154,4 @@ def build_derenderer(model: Model, parsing: ParsingSetup | None, settings: Setti
     cache: ParserCache[CachedState] = ParserCache(
         max_entries=settings.parser_cache_entries, ttl_seconds=settings.parser_cache_ttl
     )
-    return Derenderer(model, parsing, settings, codec, cache)
+    return Derenderer(model, parsing, settings, codec, cache, secret)

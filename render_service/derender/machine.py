@@ -10,6 +10,8 @@ so that stop strings can cut it.
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +27,8 @@ from render_service.model.loading import Model
 from render_service.model.parser_setup import ParsingSetup
 from render_service.protocol.derender import GenerateChoice
 from render_service.protocol.logprobs import ChatCompletionLogProbs, CompletionLogProbs
+
+_ENCODER = msgspec.msgpack.Encoder()
 
 
 class OutputOptions(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -60,6 +64,24 @@ class ChoiceState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     role_sent: bool = False
     logprob_context: tuple[int, ...] = ()
     text_offset: int = 0
+    #: Digest of the raw prompt ids and chat request the stream started from (inputs.py).
+    inputs: bytes = b""
+
+
+class StreamStart(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A stream before its first output id and before it is bound to a generate request: what
+    ``ChoiceMachine.begin`` makes from the prompt and the request (a derender seed carries it).
+
+    New fields go last with defaults.
+    """
+
+    prompt_len: int
+    options: OutputOptions
+    parse_request: ParseRequest | None
+    parser: ChatState | None
+    detok: DetokState
+    #: Digest of the prompt ids (it keys the stream's cache entries with the rest).
+    prompt: bytes
 
 
 @dataclass(frozen=True)
@@ -127,25 +149,49 @@ class ChoiceMachine:
         ``stream``: the state will be carried on (it then keeps a lean parse request and the
         digest that keys the parser cache); a batch choice needs neither.
         """
+        if stream:
+            return self.enter(self.begin(prompt_ids, options, parse_request), request_id, index)
         parser = self.parser(parse_request)
-        detok = self._detok[options.skip_special_tokens]
         parser_ids = prompt_ids if parser_prompt is None else parser_prompt
         return ChoiceState(
             request_id=request_id,
             index=index,
             prompt_len=len(prompt_ids),
             options=options,
-            parse_request=(
-                _lean(
-                    parse_request,
-                    parser is not None and parser.chat is not None and not parser.chat.tool_schemas,
-                )
-                if stream
-                else None
-            ),
+            parse_request=None,
             parser=parser.start(parser_ids) if parser is not None else None,
-            detok=detok.start(prompt_ids),
-            digest=self._stream_seed(request_id, index, options, parse_request) if stream else b"",
+            detok=self._detok[options.skip_special_tokens].start(prompt_ids),
+            digest=b"",
+        )
+
+    def begin(
+        self, prompt_ids: Sequence[int], options: OutputOptions, parse_request: ParseRequest | None
+    ) -> StreamStart:
+        """A stream's start from its prompt and request, before it has an id (a derender seed)."""
+        parser = self.parser(parse_request)
+        return StreamStart(
+            prompt_len=len(prompt_ids),
+            options=options,
+            parse_request=_lean(
+                parse_request,
+                parser is not None and parser.chat is not None and not parser.chat.tool_schemas,
+            ),
+            parser=parser.start(prompt_ids) if parser is not None else None,
+            detok=self._detok[options.skip_special_tokens].start(prompt_ids),
+            prompt=_digest_ids(prompt_ids),
+        )
+
+    def enter(self, start: StreamStart, request_id: str, index: int) -> ChoiceState:
+        """The state of choice ``index`` of generate request ``request_id`` from ``start``."""
+        return ChoiceState(
+            request_id=request_id,
+            index=index,
+            prompt_len=start.prompt_len,
+            options=start.options,
+            parse_request=start.parse_request,
+            parser=start.parser,
+            detok=start.detok,
+            digest=self._stream_seed(request_id, index, start),
         )
 
     def step(
@@ -279,20 +325,16 @@ class ChoiceMachine:
                 f"max_model_len={limit}."
             )
 
-    def _stream_seed(
-        self,
-        request_id: str,
-        index: int,
-        options: OutputOptions,
-        parse_request: ParseRequest | None,
-    ) -> bytes:
-        """Cache-key seed: model and parser flags, the parse context, the request and the choice."""
+    def _stream_seed(self, request_id: str, index: int, start: StreamStart) -> bytes:
+        """Cache-key seed: model and parser flags, the request and the choice, the options, the
+        parse context and the prompt."""
         return seed_digest(
             self._seed,
             request_id.encode(),
             index.to_bytes(4, "little"),
-            msgspec.msgpack.encode(options),
-            msgspec.msgpack.encode(parse_request),
+            _ENCODER.encode(start.options),
+            _ENCODER.encode(start.parse_request),
+            start.prompt,
         )
 
     def _drop_stop_token(
@@ -310,6 +352,14 @@ class ChoiceMachine:
         if stop_reason is None and (last in options.stop_token_ids or last in self._model_eos):
             return ids[:-1], last
         return ids, stop_reason
+
+
+def _digest_ids(ids: Sequence[int]) -> bytes:
+    """16 bytes of SHA-256 over the ids as uint32 (hardware SHA: the fastest hash in hashlib)."""
+    try:
+        return hashlib.sha256(array("I", ids).tobytes()).digest()[:16]
+    except OverflowError as exc:
+        raise InvalidRequest("prompt_token_ids must lie in [0, 2**32)", "prompt_token_ids") from exc
 
 
 def _lean(parse_request: ParseRequest | None, names_only: bool = False) -> ParseRequest | None:

@@ -27,6 +27,11 @@ def build_app(renderer: Renderer) -> Starlette:
         Route("/v1/chat/completions/render", g(service.render_chat), methods=["POST"]),
         Route("/v1/completions/render", g(service.render_completion), methods=["POST"]),
         Route("/v1/chat/completions/derender", g(service.derender_chat), methods=["POST"]),
+        Route(
+            "/v1/chat/completions/derender/streams",
+            g(service.derender_chat_streams),
+            methods=["POST"],
+        ),
         Route("/v1/completions/derender", g(service.derender_completion), methods=["POST"]),
         Route("/v1/messages/render", g(service.render_messages), methods=["POST"]),
         Route("/v1/responses/render", g(service.render_responses), methods=["POST"]),

@@ -48,7 +48,9 @@ def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Hand
                 return await handler(request)
             # Cancelling the wait also cancels a render still queued for a worker thread; one
             # already running finishes its (limit-bounded) work, with no one waiting for it.
-            return await asyncio.wait_for(handler(request), timeout)
+            # A timeout scope, unlike wait_for, runs the handler in this task (no task per call).
+            async with asyncio.timeout(timeout):
+                return await handler(request)
         except TimeoutError:
             return error_response(
                 RequestTimeout(

@@ -23,12 +23,18 @@ from render_service.http.auth import ApiKey
 from render_service.http.errors import Handler, guarded
 from render_service.http.limits import Limits
 from render_service.http.openapi import openapi_document
-from render_service.http.responses import MsgspecResponse, PartsResponse, encode_parts
+from render_service.http.responses import (
+    MsgpackResponse,
+    MsgspecResponse,
+    PartsResponse,
+    encode_parts,
+)
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
 from render_service.protocol.derender import (
     DerenderChatRequest,
-    DerenderChatStreamRequest,
+    DerenderChatStreamsRequest,
+    DerenderChatStreamWire,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
     DerenderMessagesRequest,
@@ -36,6 +42,7 @@ from render_service.protocol.derender import (
     DerenderResponsesRequest,
     DerenderResponsesStreamRequest,
 )
+from render_service.protocol.generate import GenerateRequest
 from render_service.protocol.messages import AnthropicMessagesRequest
 from render_service.protocol.responses import ResponsesRequest
 from render_service.protocol.server import ModelCard, ModelList, VersionResponse
@@ -48,6 +55,12 @@ from render_service.render import Renderer
 from render_service.validation import decode_body
 
 T = TypeVar("T")
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+# A streaming call this small that continues a state (or starts from a seed) runs on the event
+# loop: the hand-off to a worker thread and back costs more than its work (~30 us).
+_INLINE_IDS = 64
+_SEED_HEADER = "x-derender-seed"
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
@@ -55,7 +68,15 @@ _tokenize_chat_decoder = msgspec.json.Decoder(TokenizeChatRequest)
 _tokenize_prompt_decoder = msgspec.json.Decoder(TokenizeCompletionRequest)
 _detokenize_decoder = msgspec.json.Decoder(DetokenizeRequest)
 _derender_chat_decoder = msgspec.json.Decoder(DerenderChatRequest)
-_derender_chat_stream_decoder = msgspec.json.Decoder(DerenderChatStreamRequest)
+_derender_chat_stream_decoder = msgspec.json.Decoder(DerenderChatStreamWire)
+_chat_streams_decoders: dict[
+    str,
+    msgspec.json.Decoder[DerenderChatStreamsRequest]
+    | msgspec.msgpack.Decoder[DerenderChatStreamsRequest],
+] = {
+    JSON: msgspec.json.Decoder(DerenderChatStreamsRequest),
+    MSGPACK: msgspec.msgpack.Decoder(DerenderChatStreamsRequest),
+}
 _derender_cmpl_decoder = msgspec.json.Decoder(DerenderCompletionRequest)
 _derender_cmpl_stream_decoder = msgspec.json.Decoder(DerenderCompletionStreamRequest)
 _messages_decoder = msgspec.json.Decoder(AnthropicMessagesRequest)
@@ -65,6 +86,34 @@ _derender_messages_stream_decoder = msgspec.json.Decoder(DerenderMessagesStreamR
 _derender_responses_decoder = msgspec.json.Decoder(DerenderResponsesRequest)
 _derender_responses_stream_decoder = msgspec.json.Decoder(DerenderResponsesStreamRequest)
 _any_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder()
+
+
+def _decode_derender(
+    data: bytes, batch: msgspec.json.Decoder[Any], stream: msgspec.json.Decoder[Any]
+) -> Any:
+    """A derender body, batch or streaming by its ``stream`` flag, decoded once when it streams
+    (the hot path); a body the streaming type refuses is told apart by its flag."""
+    try:
+        return stream.decode(data)
+    except msgspec.DecodeError:
+        pass
+    if decode_body(data, _stream_flag_decoder).stream is True:
+        return decode_body(data, stream)  # the streaming body's own error
+    return decode_body(data, batch)
+
+
+def _small(body: DerenderChatStreamWire) -> bool:
+    """A streaming call whose work is too small to hand to a worker thread: it continues a
+    signed state (or starts from a seed) with a few ids, so it never reads a prompt."""
+    state = body.stream_state
+    if not isinstance(state, str) and not (state is None and body.derender_seed is not None):
+        return False
+    chunks = body.generate_chunks or ([body.generate_chunk] if body.generate_chunk else [])
+    ids = 0
+    for chunk in chunks:
+        for choice in chunk.choices:
+            ids += len(choice.token_ids or ())
+    return ids <= _INLINE_IDS
 
 
 class _StreamFlag(msgspec.Struct):
@@ -104,11 +153,13 @@ class Service:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, metrics.in_pool(partial(fn, *args, **kwargs)))
 
-    async def body(self, request: Request) -> bytes:
+    async def body(self, request: Request, formats: tuple[str, ...] = (JSON,)) -> bytes:
+        """The whole body, within --max-body-bytes, of one of ``formats`` (content types)."""
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if content_type != "application/json":
+        if content_type not in formats:
+            allowed = " or ".join(f"'{f}'" for f in formats)
             raise SchemaError(
-                "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+                f"1 validation error:\n  Unsupported Media Type: Only {allowed} is allowed"
             )
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
@@ -125,7 +176,8 @@ class Service:
                 )
             chunks.append(chunk)
         data = b"".join(chunks)
-        data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
+        if content_type == JSON and not data.isascii():
+            data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
         return data
 
     def guarded(self, handler: Handler) -> Handler:
@@ -141,11 +193,9 @@ class Service:
         # Images are fetched here and processed in the media pool, never in the render pool.
         multimodal = self.renderer.multimodal
         media = await multimodal.prepare(body, stream=True) if multimodal is not None else None
+        seed = request.headers.get(_SEED_HEADER, "").strip().lower() in ("1", "true")
         result = await self.run(
-            self.renderer.render_chat,
-            body,
-            request_id=request.headers.get("x-request-id"),
-            media=media,
+            self._render_chat, body, request.headers.get("x-request-id"), media, seed
         )
         metrics.observe_render((result,))
         if media is None:
@@ -156,6 +206,20 @@ class Service:
         if len(encoded) < len(media.items):  # mm_payload "none": no tensors to send
             return MsgspecResponse(result)
         return PartsResponse(encode_parts(result, encoded))
+
+    def _render_chat(
+        self,
+        body: ChatCompletionRequest,
+        request_id: str | None,
+        media: Any,
+        seed: bool,
+    ) -> GenerateRequest:
+        """Render, and with ``seed`` add the derender seed of the rendered prompt."""
+        result = self.renderer.render_chat(body, request_id=request_id, media=media)
+        if not seed:
+            return result
+        token = self.derenderer.derender_seed(body, result.token_ids)
+        return msgspec.structs.replace(result, derender_seed=token)
 
     async def render_completion(self, request: Request) -> Response:
         data = await self.body(request)
@@ -200,11 +264,33 @@ class Service:
         )
 
     async def derender_chat(self, request: Request) -> Response:
-        return await self._derender(
-            request,
-            (_derender_chat_decoder, self.derenderer.derender_chat),
-            (_derender_chat_stream_decoder, self.derenderer.derender_chat_stream),
+        data = await self.body(request)
+        body = _decode_derender(data, _derender_chat_decoder, _derender_chat_stream_decoder)
+        self.limits.check_request(body)
+        if isinstance(body, DerenderChatStreamWire):
+            work = partial(self.derenderer.derender_chat_stream, body, self.limits.check_embedded)
+            result: Any = work() if _small(body) else await self.run(work)
+        else:
+            result = await self.run(self.derenderer.derender_chat, body)
+        metrics.observe_derender(body, self.derenderer.cache)
+        return MsgspecResponse(result)
+
+    async def derender_chat_streams(self, request: Request) -> Response:
+        """Ours: one engine step's chunks of many chat streams, JSON or msgpack."""
+        data = await self.body(request, (JSON, MSGPACK))
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        body = decode_body(data, _chat_streams_decoders[content_type])
+        self.limits.check_request(body)
+        result = await self.run(
+            self.derenderer.derender_chat_streams,
+            body,
+            self.limits.check_embedded,
+            msgpack=content_type == MSGPACK,
         )
+        metrics.observe_derender(body, self.derenderer.cache)
+        if MSGPACK in request.headers.get("accept", ""):
+            return MsgpackResponse(result)
+        return MsgspecResponse(result)
 
     async def derender_completion(self, request: Request) -> Response:
         return await self._derender(

@@ -138,6 +138,17 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
                 check_depth(value, self.max_json_depth, name)
                 if name.endswith("_request") and isinstance(value, dict):
                     self._check_embedded(value)
+        for item in getattr(body, "items", None) or ():  # a multi-stream derender's streams
+            if isinstance(item.stream_state, dict):
+                check_depth(item.stream_state, self.max_json_depth, "stream_state")
+            if item.prompt_tokens is not None:
+                check_int64(item)
+
+    def check_embedded(self, request: dict[str, Any]) -> None:
+        """The checks ``check_request`` makes of a derender body's chat request, for one kept
+        as raw JSON until it is used (render_service.derender.inputs)."""
+        check_depth(request, self.max_json_depth, "chat_request")
+        self._check_embedded(request)
 
     def _check_embedded(self, request: dict[str, Any]) -> None:
         """The chat or completion request a derender body carries."""

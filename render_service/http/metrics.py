@@ -186,14 +186,18 @@ def observe_derender(body: Any, cache: Any) -> None:
     of ``generate_responses``); ``cache.stats()`` has cumulative ``hits``, ``misses``,
     ``evictions``, ``expirations`` and the current ``size``. Called on the event loop only.
     """
-    responses = getattr(body, "generate_responses", None) or [
-        getattr(body, "generate_chunk", None) or getattr(body, "generate_response", None)
-    ]
-    tokens = 0
-    for response in responses:
-        for choice in getattr(response, "choices", None) or ():
-            tokens += len(choice.token_ids or ())
-    derender_chunk(tokens)
+    items = getattr(body, "items", None)  # a multi-stream derender: one chunk per stream
+    for item in items if items is not None else (body,):
+        responses = (
+            getattr(item, "generate_responses", None)
+            or getattr(item, "generate_chunks", None)
+            or [getattr(item, "generate_chunk", None) or getattr(item, "generate_response", None)]
+        )
+        tokens = 0
+        for response in responses:
+            for choice in getattr(response, "choices", None) or ():
+                tokens += len(choice.token_ids or ())
+        derender_chunk(tokens)
     stats = cache.stats()
     # Each cache's cumulative counters as last reported, so each call adds only what is new.
     seen = _cache_seen.setdefault(cache, dict.fromkeys(_CACHE_EVENT_NAMES, 0))

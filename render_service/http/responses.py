@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 _MARK = b"\x00"
 _SLOT = msgspec.Raw(b'"' + _MARK + b'"')
 _encoder = msgspec.json.Encoder()
+_msgpack = msgspec.msgpack.Encoder()
 T = TypeVar("T")
 
 
@@ -63,6 +64,13 @@ class MsgspecResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return _encoder.encode(content)
+
+
+class MsgpackResponse(Response):
+    media_type = "application/msgpack"
+
+    def render(self, content: Any) -> bytes:
+        return _msgpack.encode(content)
 
 
 class PartsResponse(Response):

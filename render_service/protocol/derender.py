@@ -10,6 +10,7 @@ from render_service.protocol._base import Body
 from render_service.protocol.chat import ChatCompletionStreamResponse
 from render_service.protocol.completions import CompletionStreamResponse
 from render_service.protocol.logprobs import GenerateLogProbs
+from render_service.protocol.server import ErrorInfo
 
 # Ids are 32-bit in every tokenizer and engine; a larger one is refused at the schema (vLLM would
 # decode it to nothing, but our parser cache digests ids as uint32).
@@ -90,6 +91,50 @@ class DerenderChatStreamRequest(Body, kw_only=True):
     chat_request: dict[str, Any] | None = None
     #: Ours: several generate chunks of one choice, in order, in one call.
     generate_chunks: list[GenerateChunk] | None = None
+    #: Ours: on a stream's first call, render's ``derender_seed`` instead of
+    #: ``prompt_token_ids`` and ``chat_request``.
+    derender_seed: str | None = None
+
+
+# A raw JSON field the body did not carry.
+_NULL = msgspec.Raw(b"null")
+
+
+class DerenderChatStreamWire(Body, kw_only=True):
+    """``DerenderChatStreamRequest`` as the HTTP layer decodes it: ``prompt_token_ids`` and
+    ``chat_request`` stay raw JSON until a call needs them (render_service.derender.inputs).
+    Same fields, same defaults (a test holds them equal)."""
+
+    stream: Literal[True]
+    generate_chunk: GenerateChunk | None = None
+    model: str | None = None
+    stream_state: Any = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: msgspec.Raw = _NULL
+    chat_request: msgspec.Raw = _NULL
+    generate_chunks: list[GenerateChunk] | None = None
+    derender_seed: str | None = None
+
+
+class DerenderStreamItem(Body, kw_only=True):
+    """One stream's call in a multi-stream derender: a single-stream body without ``stream``
+    and ``model``. Its ``prompt_token_ids`` and ``chat_request`` are any JSON, validated as a
+    single-stream call validates them."""
+
+    generate_chunk: GenerateChunk
+    stream_state: Any = None
+    prompt_tokens: int | None = None
+    prompt_token_ids: msgspec.Raw = _NULL
+    chat_request: msgspec.Raw = _NULL
+    derender_seed: str | None = None
+
+
+class DerenderChatStreamsRequest(Body, kw_only=True):
+    """Ours: one engine step's chunks for many streams, each item independent and answered in
+    order (``POST /v1/chat/completions/derender/streams``)."""
+
+    model: str | None = None
+    items: list[DerenderStreamItem]
 
 
 class DerenderCompletionRequest(Body, kw_only=True):
@@ -145,6 +190,21 @@ class ChatDerenderChunks(msgspec.Struct, kw_only=True):
 
     chunks: list[ChatCompletionStreamResponse]
     stream_state: Any = None
+
+
+class StreamResult(msgspec.Struct, kw_only=True):
+    """One item's answer in a multi-stream derender: its chunk and next ``stream_state``, or,
+    for an item that failed, only ``error`` (what a single-stream call would have answered)."""
+
+    chunk: ChatCompletionStreamResponse | msgspec.UnsetType = msgspec.UNSET
+    stream_state: Any = msgspec.UNSET
+    error: ErrorInfo | msgspec.UnsetType = msgspec.UNSET
+
+
+class ChatDerenderStreams(msgspec.Struct, kw_only=True):
+    """The answer to a multi-stream derender: one result per item, in order."""
+
+    items: list[StreamResult]
 
 
 class CompletionDerenderChunk(msgspec.Struct, kw_only=True):

@@ -43,3 +43,6 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     kv_transfer_params: dict[str, Any] | None = None
     ec_transfer_params: dict[str, Any] | None = None
+    #: Ours, only when asked for (``X-Derender-Seed: true``): pass it to a stream's first
+    #: derender call instead of ``prompt_token_ids`` and ``chat_request``.
+    derender_seed: str | msgspec.UnsetType = msgspec.UNSET
