@@ -1,0 +1,77 @@
+"""Shared pieces of the streaming-derender tests on the embedded default model (no ../shared):
+a hermes tool-call output, the generate chunks vLLM's engine sends, and a client loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from render_service import Renderer
+from render_service.http.app import build_app
+from render_service.model.default_model import ensure_default_model
+
+PATH = "/v1/chat/completions/derender"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CHAT = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS}
+TEXT = 'Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris 🌧"}}\n</tool_call><|im_end|>'
+FLAGS: dict[str, Any] = {
+    "enable_auto_tool_choice": True,
+    "tool_call_parser": "hermes",
+    "state_secret": "shared-secret",
+}
+
+
+def setup(directory: Path, **flags: Any) -> tuple[TestClient, Renderer, list[int], list[int]]:
+    """A client of a server on the default model with ``flags`` (hermes by default), the chat's
+    prompt ids and the output ids of ``TEXT``."""
+    model = ensure_default_model(directory)
+    renderer = Renderer.from_pretrained(str(model), **{**FLAGS, **flags})
+    client = TestClient(build_app(renderer))
+    prompt = renderer.render_chat(CHAT).token_ids
+    output = renderer.model.backend.encode(TEXT, add_special_tokens=False).ids
+    return client, renderer, prompt, output
+
+
+def chunk(request_id: str, ids: list[int], last: bool, index: int = 0) -> dict[str, Any]:
+    """One generate chunk of one choice, as the engine streams it."""
+    return {
+        "request_id": request_id,
+        "choices": [{"index": index, "finish_reason": "stop" if last else None, "token_ids": ids}],
+    }
+
+
+def same(answer: dict[str, Any]) -> dict[str, Any]:
+    """A derendered chunk without its timestamp (the one field two equal answers differ in)."""
+    return {key: value for key, value in answer.items() if key != "created"}
+
+
+def single_stream(
+    client: TestClient, prompt: list[int], output: list[int], request_id: str, lean: bool = False
+) -> list[dict[str, Any]]:
+    """vLLM's client loop, one id per call: the derendered chunks (``lean``: later calls send
+    neither the prompt nor the chat request)."""
+    state: Any = None
+    out = []
+    for i, token in enumerate(output):
+        body: dict[str, Any] = {
+            "stream": True,
+            "generate_chunk": chunk(request_id, [token], i == len(output) - 1),
+            "stream_state": state,
+        }
+        if not lean or state is None:
+            body |= {"prompt_token_ids": prompt, "chat_request": CHAT}
+        response = client.post(PATH, json=body)
+        assert response.status_code == 200, response.text
+        state = response.json()["stream_state"]
+        out.append(same(response.json()["chunk"]))
+    return out
