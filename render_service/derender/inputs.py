@@ -36,7 +36,9 @@ _OBJECT_DECODERS: Final = (
     msgspec.json.Decoder(dict[str, Any] | None),
     msgspec.msgpack.Decoder(dict[str, Any] | None),
 )
-_NULLS: Final = (b"null", b"\xc0")
+# A field that is null or absent: JSON's null, msgpack's nil, or the Struct's default (JSON's
+# null even in a msgpack body; as msgpack those 4 bytes are never one whole value).
+_NULLS: Final = frozenset((b"null", b"\xc0"))
 
 # A server's checks of an embedded chat request (its limits), run wherever one is decoded.
 Check = Callable[[dict[str, Any]], None]
@@ -89,9 +91,7 @@ class StreamInputs:
         """Inputs as the body carried them (JSON, or msgpack); ``check`` runs on the chat
         request once it is decoded."""
         inputs = cls()
-        null = _NULLS[msgpack]
-        prompt_raw = bytes(prompt_ids) if prompt_ids and prompt_ids != null else b""
-        chat_raw = bytes(chat_request) if chat_request and chat_request != null else b""
+        prompt_raw, chat_raw = _present(prompt_ids), _present(chat_request)
         inputs._prompt_raw, inputs._chat_raw, inputs._check = prompt_raw, chat_raw, check
         inputs._format = int(msgpack)
         if prompt_raw or chat_raw:
@@ -130,3 +130,9 @@ class StreamInputs:
         """Decode and validate both, raising what a first call would raise for them."""
         self.prompt_ids()
         self.chat_request()
+
+
+def _present(raw: msgspec.Raw) -> bytes:
+    """The field's bytes, or none for a null or absent one."""
+    data = bytes(raw) if raw else b""
+    return b"" if data in _NULLS else data
