@@ -28,18 +28,24 @@ FLAGS: dict[str, Any] = {
     "enable_auto_tool_choice": True,
     "tool_call_parser": "hermes",
     "state_secret": "shared-secret",
+    "served_model_name": "default",
 }
 
 
 def setup(directory: Path, **flags: Any) -> tuple[TestClient, Renderer, list[int], list[int]]:
     """A client of a server on the default model with ``flags`` (hermes by default), the chat's
     prompt ids and the output ids of ``TEXT``."""
-    model = ensure_default_model(directory)
-    renderer = Renderer.from_pretrained(str(model), **{**FLAGS, **flags})
-    client = TestClient(build_app(renderer))
+    client = client_for(directory, **flags)
+    renderer = client.app.state.service.renderer
     prompt = renderer.render_chat(CHAT).token_ids
     output = renderer.model.backend.encode(TEXT, add_special_tokens=False).ids
     return client, renderer, prompt, output
+
+
+def client_for(directory: Path, **flags: Any) -> TestClient:
+    """A client of a server on the default model (made in ``directory``) with ``flags``."""
+    model = ensure_default_model(directory)
+    return TestClient(build_app(Renderer.from_pretrained(str(model), **{**FLAGS, **flags})))
 
 
 def chunk(request_id: str, ids: list[int], last: bool, index: int = 0) -> dict[str, Any]:
