@@ -17,7 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from render_service.protocol.chat import ChatCompletionRequest
-from render_service.protocol.derender import TokenId
+from render_service.protocol.derender import RawField, TokenId
 from render_service.validation import convert, decode_field
 
 __all__ = ["INPUTS_DIGEST_SIZE", "Check", "StreamInputs", "no_check"]
@@ -36,8 +36,7 @@ _OBJECT_DECODERS: Final = (
     msgspec.json.Decoder(dict[str, Any] | None),
     msgspec.msgpack.Decoder(dict[str, Any] | None),
 )
-# A field that is null or absent: JSON's null, msgpack's nil, or the Struct's default (JSON's
-# null even in a msgpack body; as msgpack those 4 bytes are never one whole value).
+# A null field: JSON's null or msgpack's nil (as msgpack, b"null" is never one whole value).
 _NULLS: Final = frozenset((b"null", b"\xc0"))
 
 # A server's checks of an embedded chat request (its limits), run wherever one is decoded.
@@ -82,8 +81,8 @@ class StreamInputs:
     @classmethod
     def of_raw(
         cls,
-        prompt_ids: msgspec.Raw,
-        chat_request: msgspec.Raw,
+        prompt_ids: RawField,
+        chat_request: RawField,
         check: Check = no_check,
         *,
         msgpack: bool = False,
@@ -132,7 +131,7 @@ class StreamInputs:
         self.chat_request()
 
 
-def _present(raw: msgspec.Raw) -> bytes:
+def _present(raw: RawField) -> bytes:
     """The field's bytes, or none for a null or absent one."""
-    data = bytes(raw) if raw else b""
+    data = bytes(raw) if isinstance(raw, msgspec.Raw) else b""
     return b"" if data in _NULLS else data

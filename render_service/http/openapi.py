@@ -16,9 +16,11 @@ from render_service.protocol.completions import CompletionRequest, CompletionRes
 from render_service.protocol.derender import (
     ChatDerenderChunk,
     ChatDerenderChunks,
+    ChatDerenderStreams,
     CompletionDerenderChunk,
     DerenderChatRequest,
     DerenderChatStreamRequest,
+    DerenderChatStreamsRequest,
     DerenderCompletionRequest,
     DerenderCompletionStreamRequest,
     DerenderMessagesRequest,
@@ -78,6 +80,13 @@ _OPERATIONS: tuple[tuple[str, str, str, tuple[Any, ...], tuple[Any, ...]], ...] 
         "Turn generated token ids into a chat completion or one stream chunk",
         (DerenderChatRequest, DerenderChatStreamRequest),
         (ChatCompletionResponse, ChatDerenderChunk, ChatDerenderChunks),
+    ),
+    (
+        "/v1/chat/completions/derender/streams",
+        "post",
+        "One stream chunk for each of many chat streams (one engine step); JSON or msgpack",
+        (DerenderChatStreamsRequest,),
+        (ChatDerenderStreams,),
     ),
     (
         "/v1/completions/derender",

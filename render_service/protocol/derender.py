@@ -96,22 +96,22 @@ class DerenderChatStreamRequest(Body, kw_only=True):
     derender_seed: str | None = None
 
 
-# A raw JSON field the body did not carry.
-_NULL = msgspec.Raw(b"null")
+# A raw field: any JSON (or msgpack) value, kept undecoded; unset when the body left it out.
+RawField = msgspec.Raw | msgspec.UnsetType
 
 
 class DerenderChatStreamWire(Body, kw_only=True):
     """``DerenderChatStreamRequest`` as the HTTP layer decodes it: ``prompt_token_ids`` and
     ``chat_request`` stay raw JSON until a call needs them (render_service.derender.inputs).
-    Same fields, same defaults (a test holds them equal)."""
+    Same fields (a test holds them equal)."""
 
     stream: Literal[True]
     generate_chunk: GenerateChunk | None = None
     model: str | None = None
     stream_state: Any = None
     prompt_tokens: int | None = None
-    prompt_token_ids: msgspec.Raw = _NULL
-    chat_request: msgspec.Raw = _NULL
+    prompt_token_ids: RawField = msgspec.UNSET
+    chat_request: RawField = msgspec.UNSET
     generate_chunks: list[GenerateChunk] | None = None
     derender_seed: str | None = None
 
@@ -124,8 +124,8 @@ class DerenderStreamItem(Body, kw_only=True):
     generate_chunk: GenerateChunk
     stream_state: Any = None
     prompt_tokens: int | None = None
-    prompt_token_ids: msgspec.Raw = _NULL
-    chat_request: msgspec.Raw = _NULL
+    prompt_token_ids: RawField = msgspec.UNSET
+    chat_request: RawField = msgspec.UNSET
     derender_seed: str | None = None
 
 

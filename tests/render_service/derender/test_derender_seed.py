@@ -67,7 +67,9 @@ def seeded_stream(
 def text_of(answer: dict[str, Any]) -> tuple[Any, ...]:
     """A chunk's delta without its tool-call ids (a choice's own)."""
     delta = answer["choices"][0]["delta"]
-    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in delta.get("tool_calls") or ()]
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in delta.get("tool_calls") or ()
+    ]
     return delta.get("content"), delta.get("reasoning"), calls
 
 

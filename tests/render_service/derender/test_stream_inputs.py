@@ -15,6 +15,7 @@ from starlette.testclient import TestClient
 
 from render_service import Renderer
 from render_service.derender import inputs as inputs_module
+from render_service.protocol.derender import DerenderChatStreamRequest, DerenderChatStreamWire
 from tests.render_service.derender._streams import CHAT, PATH, chunk, setup, single_stream
 
 Setup = tuple[TestClient, Renderer, list[int], list[int]]
@@ -153,3 +154,8 @@ def test_a_bad_state_with_bad_inputs_answers_like_a_whole_decode(server: Setup) 
     )
     assert response.status_code == 400
     assert "prompt_token_ids" in response.json()["error"]["message"]
+
+
+def test_the_wire_body_has_the_library_bodys_fields() -> None:
+    """The HTTP layer decodes streaming bodies as DerenderChatStreamWire: no field may be lost."""
+    assert DerenderChatStreamWire.__struct_fields__ == DerenderChatStreamRequest.__struct_fields__
