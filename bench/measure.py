@@ -23,6 +23,8 @@ from bench.results import ERROR, NOT_IMPLEMENTED, SKIPPED, Outcome
 JSON = {"content-type": "application/json"}
 CHAT_RENDER = "/v1/chat/completions/render"
 CHAT_DERENDER = "/v1/chat/completions/derender"
+CHAT_DERENDER_STREAMS = "/v1/chat/completions/derender/streams"
+MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
 _NOT_THERE = {404, 405, 501}
 _encode = msgspec.json.encode
 
@@ -364,3 +366,93 @@ def predicted_stream_s(
     slope = max(0.0, (late - early) / (at_late - at_early))
     base = max(0.0, early - slope * at_early)
     return base * n + slope * n * n / 2
+
+
+class _ItemResult(msgspec.Struct):
+    stream_state: str | None = None
+    error: Any = None
+
+
+class _StepResult(msgspec.Struct):
+    items: list[_ItemResult]
+
+
+class MultiRun(msgspec.Struct):
+    outcome: Outcome
+    steps: int = 0
+    chunks: int = 0
+    wall_s: float = 0.0
+    server_cpu_s: float = 0.0
+
+
+def multi_stream(
+    client: httpx.Client,
+    cpu: CpuReader,
+    base: dict[str, Any],
+    ids: list[int],
+    streams: int,
+    steps: int,
+    mode: str,
+    budget_s: float,
+) -> MultiRun:
+    """`streams` streams of `ids` advanced one id per engine step, `steps` measured steps.
+
+    ``mode``: "json" or "msgpack" sends each step as one multi-stream call (items lean after a
+    stream's first call); "single" sends each stream's chunk as its own call with the prompt and
+    chat request, vLLM's documented loop. The first step (each stream's first call, which reads
+    the prompt) is not measured: the row is the per-chunk cost of a running stream.
+    """
+    full = {key: msgspec.Raw(_encode(value)) for key, value in base.items()}
+    # A stream's first item carries its prompt and chat request (pre-encoded for JSON).
+    first = {
+        "json": {key: full[key] for key in ("prompt_token_ids", "chat_request")},
+        "msgpack": {key: base[key] for key in ("prompt_token_ids", "chat_request")},
+    }
+    encoders = {"json": _encode, "msgpack": msgspec.msgpack.encode}
+    headers = {"json": JSON, "msgpack": MSGPACK}
+    states: list[Any] = [None] * streams
+    request_ids = [f"generate-tokens-chatcmpl-bench-multi-{streams}-{k}" for k in range(streams)]
+    cpu0, t0 = 0.0, 0.0
+    for step in range(steps + 1):
+        if step == 1:
+            cpu0, t0 = cpu(), time.perf_counter()
+        finish = "stop" if step == len(ids) - 1 else None
+        chunks = [generate_chunk(rid, [ids[step]], finish) for rid in request_ids]
+        try:
+            if mode == "single":
+                for k, chunk in enumerate(chunks):
+                    body = _encode(
+                        {"stream": True, **full, "generate_chunk": chunk, "stream_state": states[k]}
+                    )
+                    response = client.post(CHAT_DERENDER, content=body, headers=JSON)
+                    if response.status_code != 200:
+                        return MultiRun(outcome_of(response, f"step {step}, stream {k}"), step)
+                    states[k] = msgspec.json.decode(
+                        response.content, type=StreamResponse
+                    ).stream_state
+            else:
+                inputs = first[mode] if step == 0 else {}
+                items = [
+                    {"generate_chunk": chunk, "stream_state": states[k], **inputs}
+                    for k, chunk in enumerate(chunks)
+                ]
+                body = encoders[mode]({"model": base["model"], "items": items})
+                response = client.post(CHAT_DERENDER_STREAMS, content=body, headers=headers[mode])
+                if response.status_code != 200:
+                    return MultiRun(outcome_of(response, f"step {step}"), step)
+                decode = msgspec.msgpack.decode if mode == "msgpack" else msgspec.json.decode
+                result = decode(response.content, type=_StepResult)
+                for k, item in enumerate(result.items):
+                    if item.error is not None:
+                        return MultiRun(
+                            Outcome(ERROR, f"step {step}, stream {k}: {item.error}"[:200]), step
+                        )
+                    states[k] = item.stream_state
+        except httpx.HTTPError as exc:
+            return MultiRun(Outcome(ERROR, f"step {step}: {type(exc).__name__} {exc}"[:200]), step)
+        if step and time.perf_counter() - t0 > budget_s and step < steps:
+            note = f"cut at the {budget_s:.0f} s budget after {step} of {steps} steps"
+            wall = time.perf_counter() - t0
+            return MultiRun(Outcome(SKIPPED, note), step, step * streams, wall, cpu() - cpu0)
+    wall = time.perf_counter() - t0
+    return MultiRun(Outcome(), steps, steps * streams, wall, cpu() - cpu0)

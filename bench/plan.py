@@ -30,6 +30,8 @@ class Plan(msgspec.Struct, frozen=True):
     batch_reps: int = 20
     bytes_prompts: tuple[int, ...] = (1000, 32000)
     bytes_chunks: int = 128
+    multi_streams: tuple[int, ...] = (16, 64, 256)
+    multi_steps: int = 32
 
 
 FULL = Plan()
@@ -41,6 +43,7 @@ QUICK = Plan(
     stream_budget_s=45.0,
     batch_reps=5,
     bytes_chunks=32,
+    multi_steps=8,
 )
 
 

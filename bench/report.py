@@ -16,9 +16,12 @@ from typing import Protocol, TypeVar
 from bench.results import (
     OURS,
     OURS_LEAN,
+    OURS_MSGPACK,
+    OURS_ONE_BY_ONE,
     PEER,
     SKIPPED,
     LatencyRow,
+    MultiStreamRow,
     Outcome,
     Results,
     StreamRow,
@@ -131,6 +134,7 @@ def render_markdown(results: Results, raw_name: str, plot_names: list[str]) -> s
     out += _latency_section(results, notes)
     out += _throughput_section(results, notes)
     out += _stream_section(results, notes)
+    out += _multi_section(results, notes)
     out += _batch_section(results, notes)
     out += _bytes_section(results, notes)
     out += ["## Plots", ""]
@@ -365,6 +369,45 @@ def _same(*rows: StreamRow | None) -> str:
         else:
             marks.append("yes" if row.final_matches_peer else "NO")
     return " / ".join(marks)
+
+
+def _per_chunk_us(row: MultiStreamRow | None) -> float | None:
+    """Server CPU per chunk in microseconds, of a finished row."""
+    if row is None or not row.outcome.ok or not row.chunks:
+        return None
+    return 1e6 * row.server_cpu_s / row.chunks
+
+
+def _multi_section(results: Results, notes: _Notes) -> list[str]:
+    if not results.multi_stream:
+        return []
+    systems = (PEER, OURS_ONE_BY_ONE, OURS, OURS_MSGPACK)
+    rows = []
+    for streams in sorted({r.streams for r in results.multi_stream}):
+        found = {s: _find(results.multi_stream, system=s, streams=streams) for s in systems}
+        peer = _per_chunk_us(found[PEER])
+        row = [str(streams)]
+        for system in systems:
+            row.append(notes.cell(system, found[system], lambda r: f"{_per_chunk_us(r):.0f}"))
+            if system != PEER:
+                row.append(_ratio(True, peer, _per_chunk_us(found[system])))
+        rows.append(row)
+    header = ["streams", f"{PEER} one by one"]
+    for system in systems[1:]:
+        header += [system, "ratio"]
+    return [
+        "## Multi-stream derender (server CPU µs per chunk, one engine step for many streams)",
+        "",
+        "Each of N streams (the ~1k chat with tools, the qwen3 + hermes output) gets one output "
+        "token per engine step. render-service: one `POST /v1/chat/completions/derender/streams` "
+        "per step with N lean items (JSON, or msgpack both ways), and the same chunks one by one "
+        "with vLLM's full bodies; vLLM (no such endpoint): the same chunks one by one, vLLM's "
+        "documented loop. The first step (each stream's first call, which reads the prompt) is "
+        "not measured; the table is the cost of a running stream's chunk.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
 
 
 def _batch_section(results: Results, notes: _Notes) -> list[str]:

@@ -11,6 +11,8 @@ import msgspec
 PEER = "vLLM 0.33.0"
 OURS = "render-service"
 OURS_LEAN = "render-service (lean)"
+OURS_MSGPACK = "render-service (msgpack)"
+OURS_ONE_BY_ONE = "render-service (one by one)"
 
 OK = "ok"
 NOT_IMPLEMENTED = "not implemented yet"
@@ -115,6 +117,19 @@ class BytesRow(msgspec.Struct):
     response_bytes_last: int = 0
 
 
+class MultiStreamRow(msgspec.Struct):
+    """One engine step's chunks of `streams` streams: one multi-stream call per step (ours), or
+    the same chunks sent one by one (vLLM, which has no multi-stream endpoint)."""
+
+    system: str
+    streams: int
+    outcome: Outcome
+    steps: int = 0
+    chunks: int = 0
+    wall_s: float = 0.0
+    server_cpu_s: float = 0.0
+
+
 class Results(msgspec.Struct):
     meta: Meta
     render_latency: list[LatencyRow] = []
@@ -123,6 +138,7 @@ class Results(msgspec.Struct):
     stream_derender: list[StreamRow] = []
     batch_derender: list[BatchRow] = []
     bytes_per_chunk: list[BytesRow] = []
+    multi_stream: list[MultiStreamRow] = []
 
 
 def encode(results: Results) -> bytes:

@@ -16,11 +16,14 @@ from bench.results import (
     NOT_IMPLEMENTED,
     OURS,
     OURS_LEAN,
+    OURS_MSGPACK,
+    OURS_ONE_BY_ONE,
     PEER,
     SKIPPED,
     BatchRow,
     BytesRow,
     LatencyRow,
+    MultiStreamRow,
     NoiseRow,
     Outcome,
     Results,
@@ -260,6 +263,39 @@ class Runner:
                 what = f"bytes per chunk, {label(size)} prompt"
                 self.say(f"{row_name}: {what}: {_show(row.outcome, done)}")
 
+    def multi_streams(self, name: str, server: Server) -> None:
+        """Per-chunk CPU of many concurrent streams: ours through the multi-stream endpoint
+        (JSON and msgpack) and one by one, vLLM one by one."""
+        base = self.data.stream_base(self.plan.latency_sizes[0])
+        ids = self.data.outputs[self.plan.stream_n[0]]
+        modes = [(OURS, "json"), (OURS_MSGPACK, "msgpack"), (OURS_ONE_BY_ONE, "single")]
+        with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+            for row_name, mode in modes if name == OURS else [(name, "single")]:
+                for streams in self.plan.multi_streams:
+                    run = measure.multi_stream(
+                        client,
+                        server.cpu_seconds,
+                        base,
+                        ids,
+                        streams,
+                        self.plan.multi_steps,
+                        mode,
+                        self.plan.stream_budget_s,
+                    )
+                    row = MultiStreamRow(
+                        row_name,
+                        streams,
+                        run.outcome,
+                        run.steps,
+                        run.chunks,
+                        run.wall_s,
+                        run.server_cpu_s,
+                    )
+                    self.results.multi_stream.append(row)
+                    per_chunk = 1e6 * row.server_cpu_s / max(1, row.chunks)
+                    done = f"{per_chunk:.0f} us server CPU per chunk"
+                    self.say(f"{row_name}: {streams} streams: {_show(row.outcome, done)}")
+
     def all(self, name: str, server: Server) -> None:
         self._load(name, "render latency")
         self.latency(name, server)
@@ -269,6 +305,8 @@ class Runner:
         self.streams(name, server, lean=False)
         if name == OURS:
             self.streams(name, server, lean=True)
+        self._load(name, "multi-stream derender")
+        self.multi_streams(name, server)
         self._load(name, "batch derender")
         self.batches(name, server)
         self._load(name, "bytes per call")
@@ -303,6 +341,11 @@ class Runner:
                 tokens = len(data.prompt_ids[(size, True)])
                 res.bytes_per_chunk.append(BytesRow(row_name, tokens, outcome))
         res.batch_derender.extend(BatchRow(name, n, outcome) for n in plan.stream_n)
+        multi = [name, OURS_MSGPACK, OURS_ONE_BY_ONE] if name == OURS else [name]
+        for row_name in multi:
+            res.multi_stream.extend(
+                MultiStreamRow(row_name, streams, outcome) for streams in plan.multi_streams
+            )
 
 
 def _show(outcome: Outcome, text: str) -> str:

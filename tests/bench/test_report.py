@@ -15,12 +15,15 @@ from bench.results import (
     NOT_IMPLEMENTED,
     OURS,
     OURS_LEAN,
+    OURS_MSGPACK,
+    OURS_ONE_BY_ONE,
     PEER,
     SKIPPED,
     BatchRow,
     BytesRow,
     LatencyRow,
     Meta,
+    MultiStreamRow,
     NoiseRow,
     Outcome,
     Results,
@@ -85,6 +88,12 @@ def synthetic() -> Results:
             BytesRow(PEER, 1328, Outcome(), 32, 14000.0, 14100, 800.0, 801),
             BytesRow(OURS, 1328, Outcome(), 32, 7000.0, 7100, 700.0, 701),
             BytesRow(OURS_LEAN, 1328, LEAN_MISSING),
+        ],
+        multi_stream=[
+            MultiStreamRow(PEER, 16, Outcome(), 8, 128, 2.0, 0.64),
+            MultiStreamRow(OURS_ONE_BY_ONE, 16, Outcome(), 8, 128, 0.5, 0.064),
+            MultiStreamRow(OURS, 16, Outcome(), 8, 128, 0.05, 0.0064),
+            MultiStreamRow(OURS_MSGPACK, 16, CUT, 4, 64, 0.02, 0.0032),
         ],
     )
 
@@ -165,3 +174,13 @@ def test_noise_and_growth_are_computed_from_rows() -> None:
     assert slopes == [(256, 1024, pytest.approx(math.log(4**3) / math.log(4)))]
     assert "n^3.00" in text
     assert report.growth_exponents(results.stream_derender, OURS_LEAN) == []
+
+
+def test_multi_stream_table_is_per_chunk_with_ratios_to_vllm() -> None:
+    text = report.render_markdown(synthetic(), "raw.json", [])
+    cells = _row_of(text, "16", "## Multi-stream derender")
+    assert cells[1] == "5000"  # 0.64 s / 128 chunks
+    assert cells[2:4] == ["500", "10×"]
+    assert cells[4:6] == ["50", "100×"]
+    assert cells[6].startswith(SKIPPED)
+    assert cells[7] == "–"
