@@ -372,10 +372,19 @@ def _same(*rows: StreamRow | None) -> str:
 
 
 def _per_chunk_us(row: MultiStreamRow | None) -> float | None:
-    """Server CPU per chunk in microseconds, of a finished row."""
-    if row is None or not row.outcome.ok or not row.chunks:
+    """Server CPU per chunk in microseconds, of a finished row or one cut at the budget (its
+    chunks so far are as much a per-chunk figure as a whole run's)."""
+    if row is None or not row.chunks or not (row.outcome.ok or row.outcome.status == SKIPPED):
         return None
     return 1e6 * row.server_cpu_s / row.chunks
+
+
+def _multi_cell(notes: _Notes, system: str, row: MultiStreamRow | None) -> str:
+    text = notes.cell(system, row, lambda r: f"{_per_chunk_us(r):.0f}")
+    value = _per_chunk_us(row)
+    if row is not None and not row.outcome.ok and value is not None:
+        text += f": {value:.0f} over the first {row.steps} steps"
+    return text
 
 
 def _multi_section(results: Results, notes: _Notes) -> list[str]:
@@ -388,7 +397,7 @@ def _multi_section(results: Results, notes: _Notes) -> list[str]:
         peer = _per_chunk_us(found[PEER])
         row = [str(streams)]
         for system in systems:
-            row.append(notes.cell(system, found[system], lambda r: f"{_per_chunk_us(r):.0f}"))
+            row.append(_multi_cell(notes, system, found[system]))
             if system != PEER:
                 row.append(_ratio(True, peer, _per_chunk_us(found[system])))
         rows.append(row)
