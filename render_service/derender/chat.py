@@ -195,9 +195,7 @@ class StreamCall:
     seed: str | None = None
 
 
-def stream_call(
-    d: Derenderer, call: StreamCall
-) -> tuple[list[ChatCompletionStreamResponse], Any]:
+def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStreamResponse], Any]:
     """The derendered chunks of one call and the ``stream_state`` for the next."""
     d.model.check_name(call.model)
     for chunk in call.chunks:
