@@ -56,7 +56,7 @@ def decode_body(
 ) -> T:
     """Decode a JSON (or msgpack) body; schema and syntax errors become 400 SchemaErrors."""
     try:
-        return decoder.decode(data)
+        return decoder.decode(data.encode() if isinstance(data, str) else data)
     except msgspec.ValidationError as exc:
         raise schema_error(exc, remap, data) from exc
     except msgspec.DecodeError as exc:
