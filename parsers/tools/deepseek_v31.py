@@ -19,7 +19,8 @@ Recovery, for output that breaks the format (each case named in docs/compat.md):
   (vLLM drops these too) and uses no index;
 * text inside the section but outside a call (between calls) is content, as is text after
   the section; a stray `<｜tool▁call▁end｜>` outside a call is dropped, as vLLM's streaming
-  does; a second `<｜tool▁calls▁begin｜>` starts a new section (an open call ends).
+  does; a second `<｜tool▁calls▁begin｜>` inside the section is dropped, as vLLM's streaming
+  removes it from every delta (an open call or name goes on).
 """
 
 from __future__ import annotations
@@ -113,7 +114,11 @@ class DeepSeekV31Family(ToolFamily, frozen=True):
         """Text inside the section."""
         if not isinstance(call, DeepSeekV31Section):
             return call, []
-        return _section_text(call, text)
+        return _section_text(call, text.replace(CALLS_BEGIN, ""))
+
+    def start_is_text(self, call: FamilyState) -> bool:
+        """A second `<｜tool▁calls▁begin｜>` does not reopen the section (`feed` drops it)."""
+        return isinstance(call, DeepSeekV31Section)
 
     def marker(
         self, call: FamilyState, token_id: int, text: str

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from parsers import ChatState, ContentDelta, Event, ParseRequest, build_chat_parser
@@ -336,6 +336,9 @@ def _oracle(segments: Sequence[str]) -> tuple[str | None, list[tuple[str, str]]]
     segments=st.lists(st.one_of(st.sampled_from(_MARKERS), _words()), max_size=25),
     points=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
 )
+# A second section opening inside a call's name is dropped, not a new section.
+@example(segments=[CALLS_BEGIN, CALL_BEGIN, CALLS_BEGIN, SEP], points=[])
+@example(segments=[CALLS_BEGIN, CALL_BEGIN, "f", CALLS_BEGIN, SEP, "{}", CALLS_BEGIN], points=[])
 def test_generated_outputs_any_split(segments: list[str], points: list[int]) -> None:
     ids: list[int] = []
     for seg in segments:
