@@ -17,8 +17,12 @@ What each chunk streams follows vLLM's shaping, made independent of the chunking
   docs/compat.md);
 * content that follows a tool event in the same chunk goes out with the next chunk that
   streams no call text, as vLLM does;
-* a call streams its name once the name is complete and names a requested tool (a call of an
-  unknown function is dropped, markup and all), then its arguments (`parsers._args_json`).
+* a call streams its name once the name is complete and names a requested tool, then its
+  arguments (`parsers._args_json`). A call of an unknown function is dropped, markup and all,
+  when a marker token opened it (the call token, the call block); a call that typed text opened
+  in the content (MiniMax's bare `<invoke name=`, also prose) falls back to content when its
+  function is unknown or its name never ends: its markup and everything after it stay content,
+  as written (vLLM's stream drops them; docs/compat.md).
 """
 
 from __future__ import annotations
@@ -170,6 +174,10 @@ class CallState(msgspec.Struct, frozen=True, gc=False):
     name: str = ""
     started: bool = False  # ToolCallStart was emitted
     rejected: bool = False  # the name is not a requested tool: the call is swallowed
+    #: The opening tag when typed text opened the call in the content (else ""), and the
+    #: content whitespace held before it: given back as content if no call comes of it.
+    opener: str = ""
+    lead: str = ""
     hidden: bool = False  # parsed but not returned (no tools in the request)
     scan: ArgScan = ArgScan()
     writer: ArgsWriter = ArgsWriter()
@@ -290,7 +298,10 @@ class _Run:
             if call is not None:
                 self.seen(call)
                 name = call.name + text
-                if len(name) > MAX_HELD:  # longer than any tool name: the call is dropped
+                if len(name) > MAX_HELD and call.opener:  # longer than any tool name
+                    self.fall_back(text)
+                    return
+                if len(name) > MAX_HELD:  # the call is dropped
                     call = msgspec.structs.replace(call, rejected=True, name="")
                 elif not call.rejected:
                     call = msgspec.structs.replace(call, name=name)
@@ -351,10 +362,11 @@ class _Run:
             elif action == OPEN_BLOCK:
                 self.replace(mode=PREAMBLE)
             else:
-                self.open_call()
+                self.open_call(spelling if not by_id and mode == CONTENT else "")
         elif action == NAME_DONE:
-            self.name_done()
-            self.replace(mode=ARGS)
+            self.name_done(spelling)
+            if self.s.call is not None:
+                self.replace(mode=ARGS)
         elif action == NAME_DONE_ARGS:
             self.name_done()
             self.replace(mode=ARGS)
@@ -384,24 +396,30 @@ class _Run:
 
     # ---- calls ----------------------------------------------------------------------------
 
-    def open_call(self) -> None:
+    def open_call(self, opener: str = "") -> None:
+        """Open a call; `opener` is the tag when typed text opened it in the content."""
         s = self.s
         if self.config.tools == ToolMode.SUPPRESS:
             self.replace(mode=NAME, call=CallState(index=s.streamed, rejected=True))
             return
         self.tool_seen = True
-        call = CallState(index=s.streamed, hidden=self.config.tools == ToolMode.HIDDEN)
+        hidden = self.config.tools == ToolMode.HIDDEN
+        call = CallState(index=s.streamed, hidden=hidden, opener=opener, lead=s.lead_ws)
         self.replace(mode=NAME, call=call, calls=s.calls + 1, lead_ws="")
 
-    def name_done(self) -> None:
-        """The name is complete: stream the call's start if it names a requested tool."""
+    def name_done(self, end: str = "") -> None:
+        """The name is complete (`end`: the tag that ended it): stream the call's start if it
+        names a requested tool; otherwise drop the call, or give a typed one back as content."""
         call = self.s.call
         if call is None or call.started or call.rejected:
             return
         name = call.name.strip() if self.spec.strip_name else call.name
         schemas = self.config.schemas
         if not name or (schemas and name not in schemas):
-            self.replace(call=msgspec.structs.replace(call, rejected=True))
+            if call.opener:
+                self.fall_back(end)
+            else:
+                self.replace(call=msgspec.structs.replace(call, rejected=True))
             return
         self.tool_delta = True
         if not call.hidden:
@@ -410,6 +428,14 @@ class _Run:
             call=msgspec.structs.replace(call, name=name, started=True),
             streamed=self.s.streamed + (0 if call.hidden else 1),
         )
+
+    def fall_back(self, tail: str) -> None:
+        """No call comes of a typed opening tag: the tag, the name read so far and `tail` are
+        content, and so is what follows."""
+        call = self.s.call
+        assert call is not None
+        self.replace(call=None, mode=CONTENT, calls=self.s.calls - 1, lead_ws=call.lead)
+        self.emit_content(call.opener + call.name + tail)
 
     def args_text(self, text: str, final: bool) -> None:
         call = self.s.call

@@ -16,7 +16,8 @@ The template ends every prompt with `<think>\\n`, so the output starts in reason
 `<parameter name=…>` and `</parameter>` are text. An `<invoke>` starts a call in the content
 even without the block token, as in vLLM. A value ends at `</parameter>` or at the next
 `<parameter name=`; values are typed by the tool's schema (`parsers.schema_values`); a call of a
-function that is not in `tools` is dropped with its markup.
+function that is not in `tools` is dropped with its markup, except that an `<invoke name=` typed
+in the content (outside a block) that yields no call stays content, with the text after it.
 
 `minimax_m2` splits the reasoning off (no `</think>`: everything is reasoning).
 `minimax_m2_append_think` keeps it in the content: the content is `"<think>"` + the output,

@@ -75,7 +75,7 @@ def glm_output(draw: st.DrawFn) -> str:
 
 @st.composite
 def minimax_call(draw: st.DrawFn) -> str:
-    quote = draw(st.sampled_from(['"', "'"]))
+    quote = draw(st.sampled_from(['"', "'", ""]))
     name = draw(st.sampled_from(_NAMES))
     keys = draw(st.lists(st.sampled_from(_KEYS), max_size=3, unique=True))
     args = ""

@@ -136,6 +136,32 @@ def test_reasoning_mode_splits_the_think_block() -> None:
     assert msg.tool_calls == {0: ["get_weather", '{"days": 3}']}
 
 
+@needs_shared
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("after", "content"),
+    [
+        # `<invoke name=` typed in prose: an unknown function, the text after it kept.
+        ("So <invoke name=...>; not now.", "So <invoke name=...>; not now."),
+        ('\n<invoke name="nope">\n<parameter name="a">1</parameter>\n</invoke> ok',
+         '\n<invoke name="nope">\n<parameter name="a">1</parameter>\n</invoke> ok'),
+        ('See <invoke name="get_wea', 'See <invoke name="get_wea'),  # the name never ends
+        # A call block's markup is a call's: an unknown function in it is dropped, markup and all.
+        ('<minimax:tool_call>\n<invoke name="nope">\n</invoke>\n</minimax:tool_call>', None),
+    ],
+)  # fmt: skip
+def test_typed_invoke_without_a_call_stays_content(
+    mode: str, after: str, content: str | None
+) -> None:
+    p = parser(ParseRequest(tools=cases.TOOLS, enable_auto_tools=True), mode)
+    msg = answer(p, "R\n</think>\n\n" + after)
+    if mode == "minimax_m2_append_think":
+        content = "<think>R\n</think>\n\n" + (content or "")
+    elif content is not None:
+        content = "\n\n" + content
+    assert (msg.content, msg.tool_calls) == (content, {})
+
+
 def _tag(function: str, schema: Any) -> dict[str, Any]:
     return {
         "type": "tag",

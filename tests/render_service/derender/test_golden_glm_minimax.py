@@ -38,12 +38,16 @@ CALL_IN_THINK_BLOCK = (
     "alone parses that call)"
 )
 MARKUP_WITHOUT_CALL = (
-    "append-think drops markup that yields no call in batch as in streaming (vLLM's batch keeps "
-    "it as content)"
+    "append-think drops block markup that yields no call in batch as in streaming (vLLM's batch "
+    "keeps it as content)"
+)
+PROSE_INVOKE = (
+    "`<invoke name=` typed in the content opens no call when the function is unknown: it and the "
+    "text after it stay content, streamed as vLLM's batch keeps them (vLLM's stream drops them)"
 )
 
 # (directory, case, mode) -> (reference, reason); mode is a chunking or "batch". References:
-# "stream:<chunking>" is vLLM's answer for that chunking; "think_end:<chunking>" is that answer
+# "batch" is vLLM's batch answer; "stream:<chunking>" is vLLM's answer for that chunking; "think_end:<chunking>" is that answer
 # with the `</think>` vLLM dropped put back where the model wrote it; "think_end:batch" is
 # vLLM's batch answer with that `</think>` put back. A stream reference for "batch" is shaped
 # by the batch rule (content beside calls stripped, whitespace-only content null).
@@ -52,10 +56,15 @@ DIVERGENCES: dict[tuple[str, str, str], tuple[str, str]] = {
     ("glm-4.5", "text_after_tool_call", "batch"): ("stream:whole", TEXT_AFTER_CALL),
     ("minimax-m2.7", "text_after_tool_call", "batch"): ("think_end:whole", TEXT_AFTER_CALL),
     ("minimax-m2.7", "tool_call_inside_reasoning", "batch"): ("stream:whole", CALL_IN_THINK_BLOCK),
+    **{
+        ("minimax-m2.7", "literal_tool_call_in_prose", chunking): ("batch", PROSE_INVOKE)
+        for chunking in ("one_token", "random_1_5", "whole")
+    },
 }
 
 
 THINK_END_ID = 200051  # MiniMax's `</think>`
+BLOCK_ID = 200052  # MiniMax's `<minimax:tool_call>`
 CALL_MARKUP = ("<minimax:tool_call>", "<invoke")
 
 
@@ -73,6 +82,8 @@ def divergence(directory: str, case: dict[str, Any], mode: str) -> tuple[str, st
         return "think_end:whole", THINK_END_KEPT
     if case["response"]["choices"][0]["message"].get("tool_calls"):
         return "think_end:batch", THINK_END_KEPT
+    if not any(BLOCK_ID in out["token_ids"] for out in case["output"]):
+        return None  # no call block: what was written is content, as in vLLM's batch
     return "think_end:whole", MARKUP_WITHOUT_CALL
 
 
@@ -99,6 +110,8 @@ def think_end_batch(case: dict[str, Any]) -> dict[str, Any]:
 def reference(case: dict[str, Any], ref: str, mode: str) -> dict[str, Any]:
     """vLLM's answer named by a divergence reference (see DIVERGENCES)."""
     kind, _, chunking = ref.partition(":")
+    if kind == "batch":
+        return derender.message_final(case["response"]["choices"][0]["message"])
     if kind == "think_end" and chunking == "batch":
         return think_end_batch(case)
     final = derender.stream_final(case["stream"]["chunkings"][chunking]["final"])
