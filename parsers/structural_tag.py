@@ -36,6 +36,9 @@ class RenderAdjustments(msgspec.Struct, frozen=True, omit_defaults=True):
 
     skip_special_tokens: bool | None = None
     structural_tag: str | None = None
+    #: A JSON schema for `structured_outputs.json` (vLLM's forced tool choice without a
+    #: structural tag); like a tag it replaces `response_format`.
+    json_schema: dict[str, Any] | None = None
 
     def merge(self, later: RenderAdjustments) -> RenderAdjustments:
         """These adjustments, then `later`'s (what it sets wins)."""
@@ -46,6 +49,7 @@ class RenderAdjustments(msgspec.Struct, frozen=True, omit_defaults=True):
             structural_tag=self.structural_tag
             if later.structural_tag is None
             else later.structural_tag,
+            json_schema=self.json_schema if later.json_schema is None else later.json_schema,
         )
 
 

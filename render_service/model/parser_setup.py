@@ -41,6 +41,7 @@ class RenderHints:
     reasoning_ended: bool | None = None
     skip_special_tokens: bool | None = None
     structural_tag: str | None = None
+    json_schema: dict[str, Any] | None = None
 
 
 class ParsingSetup:
@@ -137,6 +138,7 @@ class ParsingSetup:
             reasoning_ended=parser.reasoning_ended(prompt_ids),
             skip_special_tokens=adjustments.skip_special_tokens,
             structural_tag=adjustments.structural_tag,
+            json_schema=adjustments.json_schema,
         )
 
 
