@@ -117,6 +117,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     enable_auto_tool_choice: Annotated[
         bool, Option("enable the tool-call parser (needs --tool-call-parser)")
     ] = False
+    tokenizer_mode: Annotated[
+        Literal["auto", "hf", "slow", "mistral"],
+        Option(
+            "mistral: the model's tekken.json and Mistral's request format through "
+            "mistral-common (the mistral extra); the others load the Hugging Face tokenizer"
+        ),
+    ] = "auto"
     renderer_num_workers: Annotated[
         int, Option("worker threads per process for render and derender work")
     ] = 1

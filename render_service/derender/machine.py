@@ -108,15 +108,16 @@ class ChoiceMachine:
         self.max_logprobs = max_logprobs
         self._eos_id = model.info.eos_token_id
         self._model_eos = frozenset(model.info.eos_token_ids)
-        backend = model.backend
 
         def decode(ids: Sequence[int]) -> str:
-            return str(backend.decode(list(ids), skip_special_tokens=False))
+            return model.decode(list(ids), skip_special_tokens=False)
 
-        self.texts = lp.TokenTexts(decode, lambda token: backend.id_to_token(token) is not None)
-        special_ids = frozenset(model.hf_tokenizer.all_special_ids)
+        self.texts = lp.TokenTexts(decode, model.known)
+        special_ids = model.stream_special_ids()
         self._detok = {
-            skip: Detokenizer(decode, special_ids, skip, vocab_size=model.vocab_size)
+            skip: Detokenizer(
+                model.stream_decoder(skip), special_ids, skip, vocab_size=model.vocab_size
+            )
             for skip in (True, False)
         }
         flags = (None, None) if parsing is None else (parsing.reasoning_parser, parsing.tool_parser)

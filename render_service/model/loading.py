@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import tokenizers
 
 from render_service.errors import InvalidRequest, ModelNotFound
 from render_service.model.harmony import HARMONY_MODEL_TYPES, HarmonyEncoder
+from render_service.model.mistral import MistralTokenizer
 
 # config.json keys that bound the context, as vLLM reads them (the smallest wins).
 _CONTEXT_KEYS = (
@@ -144,30 +146,88 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class Model:
-    """A loaded model: its HF tokenizer, the fast backend, and plain facts."""
+    """A loaded model: its tokenizer and plain facts.
+
+    In vLLM's default tokenizer mode that is a Hugging Face tokenizer (`hf_tokenizer`, and its
+    fast `backend`); with `--tokenizer-mode mistral` it is Mistral's tekken (`mistral`), and
+    the HF fields are None. The methods below are the seam the rest of the service uses.
+    """
 
     info: ModelInfo
     hf_tokenizer: Any
-    backend: tokenizers.Tokenizer
+    backend: tokenizers.Tokenizer | None
+    mistral: MistralTokenizer | None = None
     #: The Harmony encoding, for models vLLM renders with Harmony (gpt-oss).
     harmony: HarmonyEncoder | None = None
 
     @property
     def vocab_size(self) -> int:
-        return int(self.backend.get_vocab_size(with_added_tokens=True))
+        if self.mistral is not None:
+            return self.mistral.vocab_size
+        return int(self.hf_backend.get_vocab_size(with_added_tokens=True))
+
+    @property
+    def hf_backend(self) -> tokenizers.Tokenizer:
+        """The fast HF tokenizer (not in Mistral mode)."""
+        if self.backend is None:
+            raise RuntimeError(
+                "this model has no Hugging Face tokenizer (--tokenizer-mode mistral)"
+            )
+        return self.backend
 
     def added_tokens(self) -> dict[str, int]:
+        if self.mistral is not None:
+            return self.mistral.control_tokens()
         return {
             tok.content: tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items()
         }
 
     def special_ids(self) -> frozenset[int]:
+        if self.mistral is not None:
+            return self.mistral.special_ids
         return frozenset(self.hf_tokenizer.all_special_ids) | frozenset(
             tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items() if tok.special
         )
 
+    def stream_special_ids(self) -> frozenset[int]:
+        """The ids vLLM's incremental detokenizer skips with `skip_special_tokens`."""
+        if self.mistral is not None:
+            return self.mistral.dropped_ids
+        return frozenset(self.hf_tokenizer.all_special_ids)
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        """Ids of a prompt text (`add_special_tokens`: the tokenizer's BOS and the like)."""
+        if self.mistral is not None:
+            return self.mistral.encode(text, add_special_tokens)
+        return list(self.hf_backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return str(self.backend.decode(ids, skip_special_tokens=skip_special_tokens))
+        if self.mistral is not None:
+            return self.mistral.decode(ids, skip_special_tokens)
+        return str(self.hf_backend.decode(ids, skip_special_tokens=skip_special_tokens))
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        """Each id's own token string (`convert_ids_to_tokens`)."""
+        if self.mistral is not None:
+            return [self.mistral.piece(i) for i in ids]
+        return list(self.hf_tokenizer.convert_ids_to_tokens(ids))
+
+    def known(self, token_id: int) -> bool:
+        """Whether the id has a vocabulary entry."""
+        if self.mistral is not None:
+            return 0 <= token_id < self.mistral.vocab_size
+        return self.hf_backend.id_to_token(token_id) is not None
+
+    def stream_decoder(self, skip_special_tokens: bool) -> Callable[[Sequence[int]], str]:
+        """The decode callable of the incremental detokenizer (special tokens kept)."""
+        if self.mistral is not None:
+            return self.mistral.stream_decoder(skip_special_tokens)
+        backend = self.hf_backend
+
+        def decode(ids: Sequence[int]) -> str:
+            return str(backend.decode(list(ids), skip_special_tokens=False))
+
+        return decode
 
     def check_name(self, name: str | None) -> None:
         """ModelNotFound (404) unless ``name`` is absent or the served model name."""
@@ -189,15 +249,15 @@ def load_model(
     tokenizer_revision: str | None = None,
     trust_remote_code: bool = False,
     generation_config: str = "auto",
+    tokenizer_mode: str = "auto",
 ) -> Model:
     """Load a model directory (or an offline hub id) the way vLLM's render server does.
 
     The tokenizer and its chat template come from ``tokenizer`` when given (vLLM's
     ``--tokenizer``), the configuration from ``model``; sampling defaults from the model's
-    generation_config.json ("auto"), from none ("vllm"), or from another directory.
+    generation_config.json ("auto"), from none ("vllm"), or from another directory. With
+    ``tokenizer_mode`` "mistral" the tokenizer is that directory's tekken.json.
     """
-    from transformers import AutoTokenizer
-
     path = resolve_model_path(model, revision)
     tokenizer_path = (
         resolve_model_path(tokenizer, tokenizer_revision or revision, "--tokenizer")
@@ -207,9 +267,18 @@ def load_model(
     config = read_json(path / "config.json")
     tokenizer_config = read_json(tokenizer_path / "tokenizer_config.json")
     generation = _generation_config(path, generation_config)
-    hf_tokenizer = AutoTokenizer.from_pretrained(
-        str(tokenizer_path), local_files_only=True, trust_remote_code=trust_remote_code
-    )
+    mistral: MistralTokenizer | None = None
+    hf_tokenizer: Any = None
+    if tokenizer_mode == "mistral":
+        mistral = MistralTokenizer.from_directory(tokenizer_path)
+        eos_token_id, bos_token_id = mistral.eos_token_id, mistral.bos_token_id
+    else:
+        from transformers import AutoTokenizer
+
+        hf_tokenizer = AutoTokenizer.from_pretrained(
+            str(tokenizer_path), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        eos_token_id, bos_token_id = hf_tokenizer.eos_token_id, hf_tokenizer.bos_token_id
     derived_len = _max_model_len(config)
     if max_model_len is not None and max_model_len > derived_len:
         raise InvalidRequest(
@@ -220,6 +289,8 @@ def load_model(
         if chat_template is not None
         else _load_chat_template(tokenizer_path, tokenizer_config)
     )
+    if mistral is not None:
+        template = None  # Mistral's own request format, not a chat template
     eos_ids = _as_ids(generation.get("eos_token_id")) or _as_ids(config.get("eos_token_id"))
     info = ModelInfo(
         path=str(path),
@@ -231,11 +302,13 @@ def load_model(
             for theirs_key, ours in _SAMPLING_KEYS.items()
             if generation.get(theirs_key) is not None
         },
-        eos_token_id=hf_tokenizer.eos_token_id,
+        eos_token_id=eos_token_id,
         eos_token_ids=eos_ids,
-        bos_token_id=hf_tokenizer.bos_token_id,
+        bos_token_id=bos_token_id,
         chat_template=template,
     )
+    if mistral is not None:
+        return Model(info=info, hf_tokenizer=None, backend=None, mistral=mistral)
     backend = hf_tokenizer.backend_tokenizer
     harmony = None
     if info.model_type in HARMONY_MODEL_TYPES:

@@ -94,7 +94,7 @@ class ParsingSetup:
                     f"gpt-oss output is Harmony: use --reasoning-parser {HARMONY_REASONING} "
                     f"(the default) and --tool-call-parser {HARMONY_TOOLS}"
                 )
-            table = token_bytes(model.backend)
+            table = token_bytes(model.hf_backend)
         if reasoning is None and tool is None:
             return None
         facts = TokenizerFacts.from_added_tokens(

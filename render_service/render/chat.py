@@ -9,6 +9,7 @@ import msgspec
 from parsers.harmony import harmony_output_tag, harmony_tools_tag
 from render_service.errors import InvalidRequest, invalid_param
 from render_service.model import templating
+from render_service.model.mistral import MistralTokenizer, MistralTokenizerError
 from render_service.model.parser_setup import (
     ParsingSetup,
     RenderHints,
@@ -63,6 +64,8 @@ def render_chat(
         check_cache_salt(request.cache_salt)
     else:
         check_chat_request(request)
+    if renderer.model.mistral is not None:
+        _check_mistral_request(request)
     tool_choice = resolve_tool_choice(request)
     harmony = renderer.model.harmony
     if harmony is None:
@@ -115,6 +118,10 @@ def render_chat(
         structured = harmony_structured(parsing, parse_context, structured)
     elif hints.structural_tag is not None:
         structured = structured_outputs({"structural_tag": hints.structural_tag}, None)
+    elif hints.json_schema is not None and not (structured or {}).get("structural_tag"):
+        # vLLM's forced tool choice without a structural tag: the call list's schema replaces
+        # structured outputs and response_format.
+        structured = structured_outputs({"json": hints.json_schema}, None)
     skip_special = request.skip_special_tokens if request.skip_special_tokens is not None else True
     if hints.skip_special_tokens is not None:
         skip_special = hints.skip_special_tokens
@@ -174,8 +181,11 @@ def render_messages(
 
     ``media`` is the request's images already processed (``renderer.multimodal.prepare``);
     without it, images are fetched and processed here, blocking. Harmony models (gpt-oss) are
-    rendered with the Harmony encoding instead of a template, as vLLM does.
+    rendered with the Harmony encoding instead of a template, as vLLM does; with
+    `--tokenizer-mode mistral`, Mistral's own request format is.
     """
+    if renderer.model.mistral is not None:
+        return _render_mistral(renderer, renderer.model.mistral, request, tools)
     harmony = renderer.model.harmony
     if harmony is not None:
         ids = render_harmony(
@@ -242,6 +252,45 @@ def harmony_structured(
         return structured
     tag = harmony_tools_tag(structured, request, parser.tool_strict_level)
     return structured if tag is None else structured_outputs({"structural_tag": tag}, None)
+
+
+def _check_mistral_request(request: ChatCompletionRequest) -> None:
+    """vLLM's checks before Mistral's own request format (`validate_request_params`)."""
+    # (vLLM also checks reasoning_effort against mistral-common's values, which are exactly
+    # the values the request schema accepts.)
+    if request.chat_template is not None or request.chat_template_kwargs is not None:
+        raise invalid_param(
+            "chat_template is not supported for Mistral tokenizers.", "chat_template"
+        )
+
+
+def _render_mistral(
+    renderer: Renderer,
+    mistral: MistralTokenizer,
+    request: ChatCompletionRequest | TokenizeChatRequest,
+    tools: list[dict[str, Any]] | None,
+) -> Prompt:
+    """The prompt in Mistral's own request format (`--tokenizer-mode mistral`)."""
+    if not request.messages:
+        raise InvalidRequest(
+            "Cannot apply chat template to an empty conversation. Provide at least one message."
+        )
+    try:  # the same content checks as the template path (images on a text model, ...)
+        templating.build_conversation(request.messages, "string", True, None)
+    except templating.MultimodalContent as exc:
+        raise InvalidRequest(f"{renderer.model_name} is not a multimodal model") from exc
+    try:
+        ids = mistral.encode_chat(
+            request.messages,
+            tools,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+        )
+    except MistralTokenizerError as exc:
+        raise InvalidRequest(str(exc)) from exc
+    truncate = getattr(request, "truncate_prompt_tokens", None)
+    side = getattr(request, "truncation_side", None)
+    return renderer.prompts.finish(ids, None, truncate, side)
 
 
 def _check_tool_choice_gate(renderer: Renderer, tool_choice: str | dict[str, Any]) -> None:

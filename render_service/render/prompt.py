@@ -26,7 +26,11 @@ class PromptEncoder:
     def __init__(self, model: Model, settings: Settings) -> None:
         self.model = model
         self.max_prompt_tokens = settings.max_prompt_tokens
-        self._segments = SegmentEncoder(model.backend, settings.segment_cache_entries)
+        self._segments = (
+            SegmentEncoder(model.backend, settings.segment_cache_entries)
+            if model.backend is not None
+            else None
+        )
 
     def encode(
         self,
@@ -38,12 +42,24 @@ class PromptEncoder:
     ) -> Prompt:
         """The ids of ``text``, truncated as asked (``-1``: to max_model_len), length-checked."""
         offsets: list[tuple[int, int]] | None = None
-        if add_special_tokens or want_offsets:
-            encoding = self.model.backend.encode(text, add_special_tokens=add_special_tokens)
+        if self._segments is None:  # Mistral's tekken: no offsets (vLLM has none either)
+            ids = self.model.encode(text, add_special_tokens)
+        elif add_special_tokens or want_offsets:
+            encoding = self.model.hf_backend.encode(text, add_special_tokens=add_special_tokens)
             ids = list(encoding.ids)
             offsets = [(start, end) for start, end in encoding.offsets] if want_offsets else None
         else:
             ids = self._segments.encode(text)
+        return self.finish(ids, offsets, truncate, side)
+
+    def finish(
+        self,
+        ids: list[int],
+        offsets: list[tuple[int, int]] | None,
+        truncate: int | None,
+        side: str | None,
+    ) -> Prompt:
+        """Truncate rendered ids as asked (``-1``: to max_model_len) and check their length."""
         if truncate is not None:
             keep = self.model.info.max_model_len if truncate == -1 else truncate
             if keep < len(ids):

@@ -85,6 +85,7 @@ class Renderer:
             tokenizer_revision=settings.tokenizer_revision,
             trust_remote_code=settings.trust_remote_code,
             generation_config=settings.generation_config,
+            tokenizer_mode=settings.tokenizer_mode,
         )
         return cls(loaded, settings)
 
@@ -168,11 +169,7 @@ class Renderer:
                 request.prompt, request.add_special_tokens, None, None, False
             )
         ids = prompt.token_ids
-        strs = (
-            self.model.hf_tokenizer.convert_ids_to_tokens(ids)
-            if request.return_token_strs
-            else None
-        )
+        strs = self.model.token_strs(ids) if request.return_token_strs else None
         return TokenizeResponse(
             count=len(ids),
             max_model_len=self.model.info.max_model_len,
@@ -186,5 +183,11 @@ class Renderer:
             request = convert(request, DetokenizeRequest, "body")
         self.model.check_name(request.model)
         vocab = self.model.vocab_size
+        if self.model.mistral is not None:
+            # vLLM's tekken decode fails with a 500 here; an unknown id is bad input.
+            self.prompts.check_token_ids(request.tokens, "tokens")
+            return DetokenizeResponse(
+                prompt=self.model.decode(request.tokens, skip_special_tokens=False)
+            )
         ids = [t for t in request.tokens if t < vocab]
         return DetokenizeResponse(prompt=self.model.decode(ids, skip_special_tokens=False))

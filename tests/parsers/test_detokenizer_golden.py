@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -171,14 +172,14 @@ def test_batch_text_matches_vllm(case: dict[str, Any]) -> None:
                 assert text == expected["text"]
 
 
-def _outputs() -> Iterator[Any]:
-    """Every derendered output of the corpus whose model has a `tokenizer.json`."""
+def _outputs(tokenizer_file: str = "tokenizer.json") -> Iterator[Any]:
+    """Every derendered output of the corpus whose model has `tokenizer_file`."""
     if not GOLDEN.is_dir():
         return
     for directory in sorted(p for p in GOLDEN.iterdir() if p.is_dir()):
         for path in sorted((directory / "derender").glob("*.json")):
             case = json.loads(path.read_text(encoding="utf-8"))
-            if not (SHARED / "models" / case["model"] / "tokenizer.json").is_file():
+            if not (SHARED / "models" / case["model"] / tokenizer_file).is_file():
                 continue
             for output in case.get("output", []):
                 if output["token_ids"]:
@@ -202,3 +203,35 @@ def test_every_golden_output_streams_to_its_text(
         pieces.append(text)
     pieces.append(detok.finish(state)[1])
     assert "".join(pieces) == output["text"]
+
+
+@cache
+def _tekken(model: str) -> Any:
+    pytest.importorskip("mistral_common", reason="the mistral extra is not installed")
+    from render_service.model.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_directory(SHARED / "models" / model)
+
+
+@pytest.mark.parametrize(("model_name", "output"), list(_outputs("tekken.json")))
+@pytest.mark.parametrize("size", [1, 3])
+def test_every_tekken_output_streams_to_its_text(
+    model_name: str, output: dict[str, Any], size: int
+) -> None:
+    """Tekken through the same window: its one-shot decode, and both of vLLM's stream decodes."""
+    tok = _tekken(model_name)
+    ids = output["token_ids"]
+    decoders = {
+        "keep": (tok.decode, output["text"]),  # golden `text`: decode with control tokens kept
+        "by_piece": (tok.stream_decoder(False), tok.stream_decoder(False)(ids)),
+        "utf8": (tok.stream_decoder(True), tok.stream_decoder(True)(ids)),
+    }
+    for decode, expected in decoders.values():
+        detok = Detokenizer(decode, frozenset(), skip_special_tokens=False)
+        state = detok.start([1, 3])
+        pieces = []
+        for start in range(0, len(ids), size):
+            state, text = detok.step(state, ids[start : start + size])
+            pieces.append(text)
+        pieces.append(detok.finish(state)[1])
+        assert "".join(pieces) == expected

@@ -28,18 +28,35 @@ _CONTENT = list[GenerateLogProbsContent]
 
 @cache
 def _tokenizer(model: str) -> Any:
+    """The model's tokenizer: `tokenizer.json`, or Mistral's `tekken.json` (mistral-common)."""
+    if (MODELS / model / "tekken.json").is_file():
+        pytest.importorskip("mistral_common", reason="the mistral extra is not installed")
+        from render_service.model.mistral import MistralTokenizer
+
+        return MistralTokenizer.from_directory(MODELS / model)
     tokenizers = pytest.importorskip("tokenizers")
     return tokenizers.Tokenizer.from_file(str(MODELS / model / "tokenizer.json"))
 
 
+def _has_tokenizer(model: str) -> bool:
+    return any((MODELS / model / name).is_file() for name in ("tokenizer.json", "tekken.json"))
+
+
 def needs_model(model: str) -> None:
-    if not (MODELS / model / "tokenizer.json").is_file():
+    if not _has_tokenizer(model):
         pytest.skip(f"{model} tokenizer is not present")
 
 
 @cache
 def _texts(model: str) -> TokenTexts:
-    return TokenTexts.for_tokenizer(_tokenizer(model))
+    tok = _tokenizer(model)
+    if isinstance(tok, tokenizers_module().Tokenizer):
+        return TokenTexts.for_tokenizer(tok)
+    return TokenTexts(lambda ids: tok.decode(list(ids)), lambda token: 0 <= token < tok.vocab_size)
+
+
+def tokenizers_module() -> Any:
+    return pytest.importorskip("tokenizers")
 
 
 def _asks_for_logprobs(case: dict[str, Any]) -> bool:
@@ -64,8 +81,8 @@ def _cases() -> Iterator[Any]:
             if not _asks_for_logprobs(case):
                 continue
             marks = []
-            if not (MODELS / case["model"] / "tokenizer.json").is_file():
-                marks.append(pytest.mark.skip(reason=f"{case['model']} has no tokenizer.json"))
+            if not _has_tokenizer(case["model"]):
+                marks.append(pytest.mark.skip(reason=f"{case['model']} has no tokenizer file"))
             yield pytest.param(path, id=f"{directory.name}/{path.stem}", marks=marks)
 
 
@@ -199,7 +216,7 @@ def _split_cases() -> Iterator[Any]:
         case = load_case(path)
         if case.get("kind") not in ("chat", "completion") or case.get("status") != 200:
             continue
-        if not (MODELS / case["model"] / "tokenizer.json").is_file():
+        if not _has_tokenizer(case["model"]):
             continue
         for output in case["output"]:
             yield pytest.param(
