@@ -25,6 +25,8 @@ FACTS = TokenizerFacts.from_added_tokens(
         "</think>": 151668,
         "<minimax:tool_call>": 200052,
         "</minimax:tool_call>": 200053,
+        # Mistral's control token (tekken id 9); the bench feeds text, so ids only mark it.
+        "[TOOL_CALLS]": 9,
     },
     special_ids=[151644, 151645],
 )
@@ -119,6 +121,13 @@ SCENARIOS: list[Scenario] = [
         REQUEST,
     ),
     ("minimax append-think", "minimax_m2_append_think", "minimax_m2", [], FACTS, REQUEST),
+    (
+        "mistral arguments",
+        None,
+        "mistral",
+        [([9], "[TOOL_CALLS]"), ([1, 2], '[{"name": "f", "arguments": {"k": "')],
+    ),
+    ("pythonic arguments", None, "pythonic", [([1, 2], "[f(k='")]),
 ]
 SIZES = (100, 1_000, 10_000, 100_000)
 

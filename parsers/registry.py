@@ -15,7 +15,16 @@ from parsers.errors import UnknownParserError
 from parsers.facts import TokenizerFacts
 from parsers.family import ChatFamily, Family, FamilyState, ReasoningFamily, ToolFamily
 from parsers.reasoning import deepseek_r1, deepseek_v3, qwen3
-from parsers.tools import deepseek_v31, glm45, hermes, llama3_json, minimax_m2, qwen3_coder
+from parsers.tools import (
+    deepseek_v31,
+    glm45,
+    hermes,
+    llama3_json,
+    minimax_m2,
+    mistral,
+    pythonic,
+    qwen3_coder,
+)
 
 __all__ = [
     "FAMILIES",
@@ -59,6 +68,8 @@ FAMILIES: tuple[ParserFamily, ...] = (
         "minimax_m2_append_think", "reasoning", minimax_m2.build_append_think, EngineState
     ),
     ParserFamily("minimax_m2", "tool", minimax_m2.build_tool, EngineState),
+    ParserFamily("mistral", "tool", mistral.build, mistral.MistralCalls),
+    ParserFamily("pythonic", "tool", pythonic.build, pythonic.PythonicCall),
 )
 
 
