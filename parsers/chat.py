@@ -294,8 +294,14 @@ class ChatParser(msgspec.Struct, frozen=True):
                 ):
                     self._emit(ReasoningDelta(""), events)
                 state = self._marker(state, marker, events)
-        if not text and self.tools is not None:
-            state = self._empty_chunk(state, events)
+        if (
+            not text
+            and not events
+            and state.phase == CONTENT
+            and self.tools is not None
+            and self.tools.empty_content_deltas
+        ):
+            events.append(ContentDelta(""))
         if not events and self.reasoning is not None and self.reasoning.empty_deltas:
             lone_marker = len(token_ids) == 1 and token_ids[0] in self.markers
             if not lone_marker:
@@ -341,18 +347,6 @@ class ChatParser(msgspec.Struct, frozen=True):
         call, events = result
         started = state.tools_started + _starts(events)
         return msgspec.structs.replace(state, call=call, tools_started=started), events
-
-    def _empty_chunk(self, state: ChatState, events: list[Event]) -> ChatState:
-        """A chunk that adds no text, for tool families whose vLLM parser still answers it."""
-        tools = self.tools
-        if tools is None:
-            return state
-        if state.phase == IN_TOOL_CALL and state.call is not None and tools.feeds_empty_chunks:
-            call, call_events = tools.feed(state.call, "")
-            return self._called(state, call, call_events, events)
-        if state.phase == CONTENT and not events and tools.empty_content_deltas:
-            events.append(ContentDelta(""))
-        return state
 
     def _legacy_end(self, marker: int) -> bool:
         """An end-of-reasoning token under vLLM's legacy streaming (see `empty_deltas`)."""

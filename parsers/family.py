@@ -151,9 +151,6 @@ class ToolFamily(msgspec.Struct, frozen=True):
     #: With tools off for a request (no tools, tool_choice "none"), markup from a start marker to
     #: its end marker is dropped instead of being kept as content.
     swallows_inactive_markup: ClassVar[bool] = False
-    #: vLLM runs this family's streaming parser on every chunk, also one that adds no text:
-    #: `feed` then sees `""` inside the open state (and may answer with an empty delta).
-    feeds_empty_chunks: ClassVar[bool] = False
     #: vLLM's parser answers a chunk of the plain answer that adds no text (a held-back
     #: character, the stop token) with an empty content delta, whether tools apply or not.
     empty_content_deltas: ClassVar[bool] = False

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgspec
@@ -139,10 +140,6 @@ def scan(call: PythonicCall, text: str) -> tuple[PythonicCall, list[Event]]:
         # The common case inside a long string value: the text is argument text as it is.
         return call, [ToolArgsDelta(call.index, text)]
     if not text:
-        # vLLM answers a chunk that adds no text with an empty content delta once the answer
-        # is plain content or the list is closed (its `feeds_empty_chunks` behaviour).
-        if (call.mode == _CONTENT and call.plain) or call.mode == _DONE:
-            return call, [ContentDelta("")]
         return call, []
     if call.mode == _NAMED:
         return _named(call, text)
@@ -893,8 +890,6 @@ class PythonicTools(ToolFamily, frozen=True):
 
     #: The answer state gives back text that is not a call itself.
     drops_text_after_calls: ClassVar[bool] = False
-    #: vLLM's pythonic parser sends `""` content for chunks that add nothing (see `scan`).
-    feeds_empty_chunks: ClassVar[bool] = True
 
     def markers(self) -> tuple[Marker, ...]:
         """No token announces the calls."""
@@ -925,6 +920,13 @@ class PythonicTools(ToolFamily, frozen=True):
     def close(self, call: FamilyState) -> list[Event]:
         """End of output."""
         return close(call) if isinstance(call, PythonicCall) else []
+
+    def chunk_content(self, began_in: FamilyState | None, token_ids: Sequence[int]) -> bool:
+        """vLLM's pythonic parser answers a chunk that adds nothing with `""` content once the
+        answer is plain text or the list closed (`scan` does so for chunks with text)."""
+        return isinstance(began_in, PythonicCall) and (
+            began_in.mode == _DONE or (began_in.mode == _CONTENT and began_in.plain)
+        )
 
     def render_adjustments(self, request: ParseRequest, strict_level: str) -> RenderAdjustments:
         """vLLM's generic adjust_request: a JSON schema for "required" or a named tool."""
