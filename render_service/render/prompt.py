@@ -70,7 +70,8 @@ class PromptEncoder:
         return Prompt(ids, offsets)
 
     def close(self) -> None:
-        self._segments.close()
+        if self._segments is not None:
+            self._segments.close()
 
     def check_length(self, length: int) -> None:
         """A prompt of ``length`` ids must fit --max-prompt-tokens and the model's context."""
