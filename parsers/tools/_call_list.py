@@ -119,7 +119,8 @@ def scan(calls: _List, text: str) -> tuple[_List, list[Event]]:
 def close(calls: _List) -> list[Event]:
     """End of output: end an open call, give back undecided text (not trailing whitespace)."""
     if calls.obj is not None:
-        return [ToolCallEnd(calls.obj.index)] if calls.obj.started else []
+        obj = calls.obj
+        return [ToolCallEnd(obj.index, complete=obj.closed)] if obj.started else []
     if calls.mode in (_DONE, _BETWEEN) or not calls.held:
         return []
     return [ContentDelta(calls.held)]

@@ -317,9 +317,10 @@ class _Scanner:
         self.pending = self.key = self.word = self.frames = self.lookahead = ""
 
     def end_open_call(self) -> None:
+        """The output ended, or stopped being calls, inside a call: it never closed."""
         if self.confirmed:
             self.flush_args()
-            self.events.append(ToolCallEnd(self.index))
+            self.events.append(ToolCallEnd(self.index, complete=False))
             self.index += 1
             self.confirmed = False
 
@@ -427,7 +428,10 @@ class _Scanner:
     def end_call(self, i: int) -> int:
         self.pending = ""
         self.emit("}")
-        self.end_open_call()
+        self.flush_args()
+        self.events.append(ToolCallEnd(self.index))
+        self.index += 1
+        self.confirmed = False
         self.mode = _AFTER_CALL
         return i + 1
 
@@ -898,10 +902,9 @@ class PythonicTools(ToolFamily, frozen=True):
     def bind(self, request: ParseRequest, reasoning: ReasoningFamily | None) -> PythonicTools:
         """Capture the tool choice: a named tool or "required" changes what the answer is."""
         choice = request.effective_tool_choice
-        named = (request.named_tool or "") if choice == "named" else ""
-        if choice == self.choice and named == self.named_tool:
-            return self
-        return PythonicTools(choice=choice, named_tool=named)
+        if choice == "named":
+            return _NamedTools(choice=choice, named_tool=request.named_tool or "")
+        return self if choice == self.choice else PythonicTools(choice=choice)
 
     def begin(self, index: int) -> PythonicCall:
         """Not reached (no start marker); a fresh answer state."""
@@ -931,6 +934,12 @@ class PythonicTools(ToolFamily, frozen=True):
     def render_adjustments(self, request: ParseRequest, strict_level: str) -> RenderAdjustments:
         """vLLM's generic adjust_request: a JSON schema for "required" or a named tool."""
         return RenderAdjustments(json_schema=forced_tool_schema(request))
+
+
+class _NamedTools(PythonicTools, frozen=True):
+    """A named tool choice: vLLM's batch takes the whole answer as the arguments, as text."""
+
+    validates_arguments: ClassVar[bool] = False
 
 
 def build(facts: TokenizerFacts) -> PythonicTools:
