@@ -126,8 +126,10 @@ SCENARIOS: list[Scenario] = [
         None,
         "mistral",
         [([9], "[TOOL_CALLS]"), ([1, 2], '[{"name": "f", "arguments": {"k": "')],
+        FACTS,
+        REQUEST,
     ),
-    ("pythonic arguments", None, "pythonic", [([1, 2], "[f(k='")]),
+    ("pythonic arguments", None, "pythonic", [([1, 2], "[f(k='")], FACTS, REQUEST),
 ]
 SIZES = (100, 1_000, 10_000, 100_000)
 
