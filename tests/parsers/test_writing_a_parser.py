@@ -58,6 +58,8 @@ def _add_row(registry: Path) -> None:
     """Insert the toy's import after the registry's last import and its row last in FAMILIES."""
     lines = registry.read_text(encoding="utf-8").splitlines(keepends=True)
     last_import = max(i for i, line in enumerate(lines) if line.startswith("from parsers."))
+    if lines[last_import].endswith("(\n"):  # an import wrapped over lines ends at its ")"
+        last_import = lines.index(")\n", last_import)
     lines.insert(last_import + 1, TOY_IMPORT)
     start = next(i for i, line in enumerate(lines) if line.startswith("FAMILIES:"))
     end = next(i for i in range(start, len(lines)) if lines[i] == ")\n")
