@@ -118,8 +118,14 @@ def model_digest(model: Model) -> bytes:
     """16 bytes over the tokenizer, the chat template and the context length."""
     info = model.info
     h = hashlib.sha256()
+    mistral = model.mistral
+    tokenizer = (
+        msgspec.msgpack.encode([mistral.version, mistral.token_bytes])  # tekken: every token
+        if mistral is not None
+        else model.hf_backend.to_str().encode()
+    )
     for part in (
-        model.backend.to_str().encode(),
+        tokenizer,
         (info.chat_template or "").encode(),
         str(info.max_model_len).encode(),
     ):
