@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 from PIL import Image
@@ -65,7 +66,8 @@ def chat_body(*urls: str, text: str = "Describe.", **fields: Any) -> dict[str, A
 
 class MediaServer:
     """Routes: /img/<name> (registered bytes), /as-text/<name> (wrong content type),
-    /loop (redirects to itself), /hop/<n>/<name> (n + 1 redirects, then the image), /slow, /big."""
+    /loop (redirects to itself), /hop/<n>/<name> (n + 1 redirects, then the image), /slow, /big,
+    /location?<target> (a redirect whose Location is <target>, URL-decoded, whatever it holds)."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
@@ -101,6 +103,9 @@ class MediaServer:
                     self._send(200, server.files[parts[1]])
                 elif parts[0] == "as-text" and parts[1] in server.files:
                     self._send(200, server.files[parts[1]], "text/plain")
+                elif parts[0].startswith("location?"):
+                    target = unquote(self.path.split("?", 1)[1])
+                    self._send(302, b"", Location=target)
                 elif parts[0] == "loop":
                     self._send(302, b"", Location="/loop")
                 elif parts[0] == "hop":

@@ -84,7 +84,21 @@ async def _check_host(url: str, limits: FetchLimits) -> None:
 
 
 async def fetch_http(url: str, limits: FetchLimits) -> bytes:
-    """GET ``url`` with the limits; redirects are followed by hand so every hop is checked."""
+    """GET ``url`` with the limits; redirects are followed by hand so every hop is checked.
+
+    Every failure is a ValueError (a timeout a TimeoutError): httpx's exceptions are translated
+    here, its whole tree included (``InvalidURL`` is not an ``HTTPError``: httpx raises it while
+    it reads a redirect's Location even with redirects off).
+    """
+    try:
+        return await _fetch_http(url, limits)
+    except httpx.TimeoutException as exc:
+        raise TimeoutError("fetching the image timed out") from exc
+    except (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, httpx.CookieConflict) as exc:
+        raise ValueError(f"fetching the image failed: {type(exc).__name__}") from exc
+
+
+async def _fetch_http(url: str, limits: FetchLimits) -> bytes:
     timeout = httpx.Timeout(limits.timeout, connect=limits.timeout)
     async with httpx.AsyncClient(
         timeout=timeout, follow_redirects=False, trust_env=False
@@ -131,12 +145,16 @@ def read_local(url: str, limits: FetchLimits) -> bytes:
         raise ValueError("file URLs must not name a host")
     root = Path(limits.allowed_local_path).resolve()
     path = Path(unquote(parts.path)).resolve()
+    # Messages never name server paths: the client learns only that its path was refused.
     if not path.is_relative_to(root):
-        raise ValueError(f"The file path must be a subpath of `--allowed-local-media-path` {root}.")
+        raise ValueError("The file path must be a subpath of `--allowed-local-media-path`.")
     if not path.is_file():
         raise ValueError("the local file does not exist")
-    with path.open("rb") as f:
-        data = f.read(limits.max_bytes + 1)
+    try:
+        with path.open("rb") as f:
+            data = f.read(limits.max_bytes + 1)
+    except OSError as exc:  # its message names the path
+        raise ValueError(f"the local file cannot be read ({exc.strerror})") from exc
     if len(data) > limits.max_bytes:
         raise ValueError(_too_big(limits))
     return data

@@ -21,7 +21,6 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-import httpx
 import msgspec
 
 from render_service.errors import InvalidRequest, invalid_param
@@ -395,10 +394,8 @@ class MediaPipeline:
                 return await fetch_http(url, self.limits)
             if url.startswith("file:"):
                 return await self._in_pool(part, read_local, url, self.limits)
-        except (TimeoutError, httpx.TimeoutException) as exc:
+        except TimeoutError as exc:
             raise part.error("fetching the image timed out") from exc
-        except httpx.HTTPError as exc:
-            raise part.error(f"fetching the image failed: {type(exc).__name__}") from exc
         except (ValueError, OSError) as exc:
             raise part.error(str(exc)) from exc
         raise part.error("image URLs must be data:, http(s): or file: URLs")

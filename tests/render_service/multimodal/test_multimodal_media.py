@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 import pytest
@@ -403,3 +404,40 @@ def test_media_threads_run_below_the_server() -> None:
     assert seen["policy"] == (os.SCHED_IDLE if seen["allowed"] else os.SCHED_OTHER)
     assert seen["nice"] >= work.MEDIA_NICENESS
     assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER  # caller untouched
+
+
+# Regression (issue 14): a redirect whose Location is not an http(s) URL made httpx raise
+# InvalidURL while it built the next request (even with redirects off), and render answered 500.
+@pytest.mark.parametrize(
+    "location",
+    [
+        "data:image/png;base64,iVBORw0KGgo=",
+        "mailto:someone@example.com",
+        "http:img.png",
+        "https://",
+        "http://[::1",
+        "http://exa mple.com/a.png",
+        "javascript:alert(1)",
+        "//",
+        "ftp://example.com/a.png",
+        "file:///etc/passwd",
+    ],
+)
+def test_every_redirect_target_error_is_a_400(server: MediaServer, location: str) -> None:
+    url = f"{server.base}/location?{quote(location, safe='')}"
+    error = refused(pipeline(), chat_body(url))
+    assert error.param == "messages.0.content.0"
+
+
+def test_a_refused_local_path_does_not_name_the_server_directory(tmp_path: Path) -> None:
+    # Regression (issue 14): the error named --allowed-local-media-path's directory.
+    allowed = tmp_path / "secret-media-root"
+    allowed.mkdir()
+    outside = tmp_path / "b.png"
+    outside.write_bytes(image_bytes(56, 56, seed=9))
+    pipe = pipeline(allowed_local_media_path=str(allowed))
+    for url in (outside.as_uri(), (allowed / "missing.png").as_uri(), "file:///etc/passwd"):
+        error = refused(pipe, chat_body(url))
+        assert str(tmp_path) not in error.message
+        assert "secret-media-root" not in error.message
+        assert "/etc" not in error.message
