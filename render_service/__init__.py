@@ -7,18 +7,23 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from render_service.render import Renderer
+    from render_service.library import ChatStream, Renderer
+    from render_service.render.conversation import Extension, LossMask
     from render_service.settings import Settings
 
-__all__ = ["Renderer", "Settings", "__version__"]
+__all__ = ["ChatStream", "Extension", "LossMask", "Renderer", "Settings", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: image worker processes import this package too and need none of transformers.
-    if name == "Renderer":
-        from render_service.render import Renderer
+    if name in ("Renderer", "ChatStream"):
+        from render_service import library
 
-        return Renderer
+        return getattr(library, name)
+    if name in ("Extension", "LossMask"):
+        from render_service.render import conversation
+
+        return getattr(conversation, name)
     if name == "Settings":
         from render_service.settings import Settings
 

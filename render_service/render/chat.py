@@ -80,10 +80,8 @@ def render_chat(
     if reused is not None:
         prompt = Prompt(reused)
     else:
-        template_tools = tools
-        if tool_choice == "none" and renderer.settings.exclude_tools_when_tool_choice_none:
-            template_tools = None
-        prompt = render_messages(renderer, request, template_tools, kwargs, media)
+        shown = _shown_tools(renderer, tool_choice, tools)
+        prompt = render_messages(renderer, request, shown, kwargs, media)
     ids = prompt.token_ids
     if not ids:
         raise InvalidRequest("No token_ids rendered")
@@ -170,6 +168,22 @@ def render_chat(
     )
 
 
+def template_tools(
+    renderer: Renderer, request: ChatCompletionRequest
+) -> list[dict[str, Any]] | None:
+    """The tools the chat template sees for ``request``, as render_chat passes them."""
+    tools = [_tool_dump(msgspec.to_builtins(t)) for t in request.tools] if request.tools else None
+    return _shown_tools(renderer, resolve_tool_choice(request), tools)
+
+
+def _shown_tools(
+    renderer: Renderer, tool_choice: str | dict[str, Any], tools: list[dict[str, Any]] | None
+) -> list[dict[str, Any]] | None:
+    if tool_choice == "none" and renderer.settings.exclude_tools_when_tool_choice_none:
+        return None
+    return tools
+
+
 def render_messages(
     renderer: Renderer,
     request: ChatCompletionRequest | TokenizeChatRequest,
@@ -197,6 +211,29 @@ def render_messages(
         )
         renderer.prompts.check_length(len(ids))
         return Prompt(ids)
+    text = prompt_text(renderer, request, tools, kwargs)
+    truncate = getattr(request, "truncate_prompt_tokens", None)
+    side = getattr(request, "truncation_side", None)
+    want_offsets = bool(getattr(request, "return_token_offsets", False))
+    multimodal = renderer.multimodal
+    if multimodal is not None and media is None:
+        media = multimodal.prepare_blocking(request)
+    encode = renderer.prompts.encode
+    if media is None:
+        return encode(text, request.add_special_tokens, truncate, side, want_offsets)
+    prompt = encode(text, request.add_special_tokens, truncate, side, False)
+    ids, features = media.expand(prompt.token_ids)
+    renderer.prompts.check_length(len(ids))
+    return Prompt(ids, None, features)
+
+
+def prompt_text(
+    renderer: Renderer,
+    request: ChatCompletionRequest | TokenizeChatRequest,
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> str:
+    """The request's messages through the chat template (``kwargs``: template_kwargs)."""
     template = _template(renderer, request.chat_template, kwargs)
     template_kwargs = {k: v for k, v in kwargs.items() if k != "chat_template"}
     if not request.messages:
@@ -218,7 +255,7 @@ def render_messages(
     except templating.MultimodalContent as exc:
         raise InvalidRequest(f"{renderer.model_name} is not a multimodal model") from exc
     untrusted = request.chat_template is not None or "chat_template" in kwargs
-    text = templating.apply_template(
+    return templating.apply_template(
         renderer.model.hf_tokenizer,
         template,
         conversation,
@@ -226,18 +263,6 @@ def render_messages(
         template_kwargs,
         sandbox=renderer.template_sandbox if untrusted else None,
     )
-    truncate = getattr(request, "truncate_prompt_tokens", None)
-    side = getattr(request, "truncation_side", None)
-    want_offsets = bool(getattr(request, "return_token_offsets", False))
-    if multimodal is not None and media is None:
-        media = multimodal.prepare_blocking(request)
-    encode = renderer.prompts.encode
-    if media is None:
-        return encode(text, request.add_special_tokens, truncate, side, want_offsets)
-    prompt = encode(text, request.add_special_tokens, truncate, side, False)
-    ids, features = media.expand(prompt.token_ids)
-    renderer.prompts.check_length(len(ids))
-    return Prompt(ids, None, features)
 
 
 def harmony_structured(

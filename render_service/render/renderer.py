@@ -26,7 +26,8 @@ from render_service.protocol.tokenize import (
     TokenizeCompletionRequest,
     TokenizeResponse,
 )
-from render_service.render import chat, completion, messages, responses
+from render_service.render import chat, completion, conversation, messages, responses
+from render_service.render.conversation import Extension, LossMask
 from render_service.render.prompt import PromptEncoder
 from render_service.render.request_checks import check_messages
 from render_service.settings import Settings
@@ -191,3 +192,19 @@ class Renderer:
             )
         ids = [t for t in request.tokens if t < vocab]
         return DetokenizeResponse(prompt=self.model.decode(ids, skip_special_tokens=False))
+
+    # ---- multi-turn training (render_service.render.conversation) --------------------------
+
+    def extend(
+        self,
+        conversation_ids: list[int],
+        new_messages: list[dict[str, Any]],
+        request: ChatCompletionRequest | dict[str, Any],
+    ) -> Extension:
+        """``conversation_ids`` verbatim, then ``new_messages`` and the next generation prompt
+        as the template renders them; ``request.messages`` is the conversation so far."""
+        return conversation.extend(self, conversation_ids, new_messages, request)
+
+    def loss_mask(self, request: ChatCompletionRequest | dict[str, Any]) -> LossMask:
+        """The conversation's ids with, per token, its message and whether it is trainable."""
+        return conversation.loss_mask(self, request)

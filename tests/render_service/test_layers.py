@@ -35,6 +35,7 @@ FORBIDDEN = {
     ),
     "render_service.render": ("render_service.derender", "render_service.http"),
     "render_service.derender": ("render_service.render", "render_service.http"),
+    "render_service.library": ("render_service.http",),
     "parsers": ("render_service",),
 }
 # What a package may import despite a broader rule above.
