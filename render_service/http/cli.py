@@ -85,6 +85,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
     sub = parser.add_subparsers(dest="command", required=True)
     # No abbreviations: a shortened or misspelt flag must never silently become another one.
     serve = sub.add_parser("serve", help="serve one model over HTTP", allow_abbrev=False)
+    sub.add_parser("batch", help="render or derender a JSONL file (render-service batch --help)")
     hints = get_type_hints(Settings, include_extras=True)
     for field in msgspec.structs.fields(Settings):
         base, option = _unwrap(hints[field.name])
@@ -156,6 +157,12 @@ def _settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Sett
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["batch"]:  # its own parser; serve's flags pass through to Settings
+        from render_service.batch.cli import main as batch
+
+        batch(argv[1:])
+        return
     parser = build_parser()
     settings = _settings(parser, _parse(parser, argv))
     from render_service.http.server import StartupError, serve

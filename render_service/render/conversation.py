@@ -215,6 +215,7 @@ def loss_mask(renderer: Renderer, request: ChatCompletionRequest | dict[str, Any
     stable = True
     difference: int | None = None
     previous = 0
+    previous_prefix = 0
     for k, message in enumerate(messages):
         prefix = texts.ids(texts.text(messages[: k + 1], False))
         if full_ids[: len(prefix)] == prefix:
@@ -223,7 +224,9 @@ def loss_mask(renderer: Renderer, request: ChatCompletionRequest | dict[str, Any
             if stable:
                 stable = False
                 difference = _first_difference(prefix, full_ids)
-            end = _structural_end(full_ids, previous, prefix, end_ids, k == len(messages) - 1)
+            last = k == len(messages) - 1
+            end = _structural_end(full_ids, previous, prefix, previous_prefix, end_ids, last)
+        previous_prefix = len(prefix)
         if message.get("role") == "assistant":
             start = _assistant_start(texts, messages[:k], full_ids, previous)
             stop = _last_end(full_ids, start, end, end_ids)
@@ -271,17 +274,24 @@ def _last_end(full_ids: list[int], start: int, end: int, end_ids: frozenset[int]
 
 
 def _structural_end(
-    full_ids: list[int], previous: int, prefix: list[int], end_ids: frozenset[int], last: bool
+    full_ids: list[int],
+    previous: int,
+    prefix: list[int],
+    previous_prefix: int,
+    end_ids: frozenset[int],
+    last: bool,
 ) -> int:
-    """A message's end when its prefix does not render as a prefix of the whole: as many ids
-    past its turn's end-of-turn token as the prefix rendering has after its own."""
+    """A message's end when its prefix does not render as a prefix of the whole, from the turn
+    structure: its end-of-turn token and the separator after it (as many ids as the prefix
+    rendering has after its own), or, for a template that closes no turn (GLM), the next
+    turn's opening token, which the model generates as its stop token."""
     if last:
         return len(full_ids)
-    tail = 0
-    while tail < len(prefix) and prefix[len(prefix) - 1 - tail] not in end_ids:
-        tail += 1
-    if tail == len(prefix):
-        return previous
+    closed_at = max((i for i, t in enumerate(prefix) if t in end_ids), default=-1)
+    if closed_at < previous_prefix:
+        starts = (i for i in range(previous + 1, len(full_ids)) if full_ids[i] in end_ids)
+        return next(starts, len(full_ids))
+    tail = len(prefix) - 1 - closed_at
     for i in range(previous, len(full_ids)):
         if full_ids[i] in end_ids:
             return min(i + 1 + tail, len(full_ids))

@@ -1,0 +1,163 @@
+"""The batch run: stream IN.jsonl through worker processes into OUT.jsonl, in input order.
+
+Memory stays constant: lines are read as they are sent, and at most ``2 * workers`` chunks are
+in flight. OUT gets one line per input line, in order, so a run that was interrupted resumes
+(``resume=True``) after the last complete output line without writing any line twice.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import IO
+
+import msgspec
+from tqdm import tqdm
+
+from render_service.batch.lines import Mode, answer_line, encode_answers
+from render_service.library import Renderer
+from render_service.settings import Settings
+
+CHUNK_LINES = 64
+
+
+class BatchOptions(msgspec.Struct, frozen=True, kw_only=True):
+    mode: Mode
+    source: str
+    target: str
+    workers: int = 0  # 0: every core
+    resume: bool = False
+    progress: bool = True
+
+
+class BatchError(Exception):
+    """The run cannot start (the output exists without --resume, or is not ours to resume)."""
+
+
+# The worker processes' renderer: built once in the parent, inherited by fork (or built per
+# worker where fork is unavailable).
+_renderer: Renderer | None = None
+
+
+def _init_worker(settings: Settings) -> None:
+    global _renderer
+    if _renderer is None:
+        _renderer = Renderer.from_settings(settings)
+
+
+def _work(mode: Mode, first: int, lines: list[bytes]) -> tuple[bytes, int]:
+    """A chunk's output lines and how many of them are errors."""
+    if _renderer is None:
+        raise RuntimeError("batch worker has no renderer")
+    answers = [answer_line(_renderer, mode, first + i, line) for i, line in enumerate(lines)]
+    return encode_answers(answers), sum(a.error is not None for a in answers)
+
+
+def _done_lines(target: Path) -> int:
+    """Complete lines already in ``target``; a partial last line (an interrupted write) is cut."""
+    if not target.exists():
+        return 0
+    count = 0
+    end = 0
+    with target.open("rb") as f:
+        position = 0
+        for line in f:
+            position += len(line)
+            if line.endswith(b"\n"):
+                count += 1
+                end = position
+    if end != target.stat().st_size:
+        os.truncate(target, end)
+    return count
+
+
+def _count_lines(source: Path) -> int:
+    count = 0
+    last = b"\n"
+    with source.open("rb") as f:
+        while block := f.read(1 << 20):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def _chunks(f: IO[bytes], skip: int) -> Iterator[tuple[int, list[bytes]]]:
+    """(number of the first line, lines) for every chunk after the first ``skip`` lines."""
+    number = 0
+    chunk: list[bytes] = []
+    first = skip + 1
+    for line in f:
+        number += 1
+        if number <= skip:
+            continue
+        chunk.append(line.rstrip(b"\r\n"))
+        if len(chunk) == CHUNK_LINES:
+            yield first, chunk
+            first += len(chunk)
+            chunk = []
+    if chunk:
+        yield first, chunk
+
+
+def _progress(total: int, initial: int, enabled: bool) -> tqdm[None]:
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit=" lines",
+        dynamic_ncols=True,
+        disable=not enabled,
+        file=sys.stderr,
+        smoothing=0.1,
+    )
+
+
+def run_batch(settings: Settings, options: BatchOptions) -> int:
+    """Run the batch; the number of lines answered with an error."""
+    source, target = Path(options.source), Path(options.target)
+    if not options.resume and target.exists() and target.stat().st_size:
+        raise BatchError(f"{target} exists: pass --resume to continue it, or remove it")
+    done = _done_lines(target) if options.resume else 0
+    total = _count_lines(source)
+    if done > total:
+        raise BatchError(f"{target} has {done} lines, more than {source} ({total}): not its output")
+    workers = options.workers or os.cpu_count() or 1
+    global _renderer
+    _renderer = Renderer.from_settings(settings)  # fails fast on a bad model, before any fork
+    bar = _progress(total, done, options.progress)
+    errors = 0
+    with source.open("rb") as f, target.open("ab") as out:
+        results = _results(options.mode, settings, workers, _chunks(f, done))
+        for answered, failed in results:
+            out.write(answered)
+            out.flush()
+            errors += failed
+            bar.update(answered.count(b"\n"))
+    bar.close()
+    return errors
+
+
+def _results(
+    mode: Mode, settings: Settings, workers: int, chunks: Iterator[tuple[int, list[bytes]]]
+) -> Iterator[tuple[bytes, int]]:
+    """The answered chunks, in input order, computed by ``workers`` processes."""
+    if workers == 1:
+        for first, lines in chunks:
+            yield _work(mode, first, lines)
+        return
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    context = multiprocessing.get_context(method)
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(settings,)
+    ) as pool:
+        pending: deque[Future[tuple[bytes, int]]] = deque()
+        for first, lines in chunks:
+            pending.append(pool.submit(_work, mode, first, lines))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
