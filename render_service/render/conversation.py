@@ -218,12 +218,17 @@ def loss_mask(renderer: Renderer, request: ChatCompletionRequest | dict[str, Any
     previous_prefix = 0
     for k, message in enumerate(messages):
         prefix = texts.ids(texts.text(messages[: k + 1], False))
-        if full_ids[: len(prefix)] == prefix:
+        split = _first_difference(prefix, full_ids)
+        if split is None or split == len(prefix):
             end = len(prefix)
+        elif split >= previous and message.get("role") != "assistant":
+            # The template closes a group the next message continues (Qwen2.5 puts consecutive
+            # tool results in one turn): the message ends where its rendering closes it.
+            end = split
         else:
             if stable:
                 stable = False
-                difference = _first_difference(prefix, full_ids)
+                difference = split
             last = k == len(messages) - 1
             end = _structural_end(full_ids, previous, prefix, previous_prefix, end_ids, last)
         previous_prefix = len(prefix)

@@ -86,7 +86,7 @@ def test_extend_equals_full_rerender(model: str) -> None:
         pytest.skip(f"{model}'s template cannot render a multi-turn chat")
 
     @settings(
-        max_examples=25,
+        max_examples=15,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         derandomize=True,
@@ -111,7 +111,7 @@ def test_qwen3_reasoning_before_a_new_user_turn_is_reported() -> None:
     conversation = generated_ids(r, request, new)
     extension = r.extend(conversation, new, request)
     assert not extension.history_stable
-    think = r.model.added_tokens["<think>"]
+    think = r.model.added_tokens()["<think>"]
     assert extension.first_difference == conversation.index(think)
     tool_turn = r.extend(
         conversation, [{"role": "tool", "tool_call_id": "c", "content": "x"}], request
