@@ -37,11 +37,40 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO.parent / "shared" / "models"
 SYSTEMS = ("render-service", "transformers", "renderers", "tml-renderers")
 
-WORDS = (
-    "the model reads a long document about distributed systems and answers questions about "
-    "consensus replication latency throughput caching tokenizers templates engines schedulers "
-    "memory bandwidth kernels batching prefill decode streaming parsers reasoning tools"
-).split()
+WORDS = [
+    "the",
+    "model",
+    "reads",
+    "a",
+    "long",
+    "document",
+    "about",
+    "distributed",
+    "systems",
+    "and",
+    "answers",
+    "questions",
+    "about",
+    "consensus",
+    "replication",
+    "latency",
+    "throughput",
+    "caching",
+    "tokenizers",
+    "templates",
+    "engines",
+    "schedulers",
+    "memory",
+    "bandwidth",
+    "kernels",
+    "batching",
+    "prefill",
+    "decode",
+    "streaming",
+    "parsers",
+    "reasoning",
+    "tools",
+]
 
 
 def _text(rng: random.Random, words: int) -> str:
@@ -279,7 +308,7 @@ def main() -> None:
                     tokenizer.apply_chat_template(
                         c["messages"], tools=c["tools"], add_generation_prompt=True, tokenize=True
                     )["input_ids"]
-                )  # fmt: skip
+                )
                 for c in cold[:6]
             ]
             tokens = statistics.median(len(r) for r in reference)

@@ -5,7 +5,7 @@ Everything here is synchronous and free of HTTP; the app runs it on a worker poo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from render_service.apis import messages as messages_api
 from render_service.errors import InvalidRequest
@@ -66,13 +66,13 @@ class Renderer:
         )
 
     @classmethod
-    def from_pretrained(cls, model: str, **flags: Any) -> Renderer:
+    def from_pretrained(cls, model: str, **flags: Any) -> Self:
         """Load ``model`` (a directory or an offline hub id); flags are Settings fields."""
         settings = Settings(model=model, **flags)
         return cls.from_settings(settings)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Renderer:
+    def from_settings(cls, settings: Settings) -> Self:
         template = (
             load_chat_template_arg(settings.chat_template) if settings.chat_template else None
         )
