@@ -199,25 +199,43 @@ def load_system(system: str, model_dir: Path) -> Any:
 
 
 def _load_renderers(model_dir: Path) -> Any:
-    import renderers  # PrimeIntellect
+    from renderers import create_renderer  # PrimeIntellect
+    from renderers.base import load_tokenizer
 
-    renderer = renderers.create_renderer(str(model_dir))  # type: ignore[attr-defined]
+    renderer = create_renderer(load_tokenizer(str(model_dir)))
 
     def render(conv: dict[str, Any]) -> list[int]:
-        return list(
-            renderer.render_ids(conv["messages"], tools=conv["tools"], add_generation_prompt=True)
-        )
+        ids = renderer.render_ids(conv["messages"], tools=conv["tools"], add_generation_prompt=True)
+        return list(ids)
 
     return render
 
 
 def _load_tml(model_dir: Path) -> Any:
-    import tml_renderers  # Thinking Machines
+    from tml_renderers import chat, renderers  # Thinking Machines
 
-    renderer = tml_renderers.get_renderer(str(model_dir))  # type: ignore[attr-defined]
+    if model_dir.name != "qwen3":
+        raise SystemExit(f"tml-renderers has no renderer for {model_dir.name}")
+    renderer = renderers.Qwen3()
 
     def render(conv: dict[str, Any]) -> list[int]:
-        return list(renderer.build_generation_prompt(conv["messages"], tools=conv["tools"]))
+        specs = [
+            chat.ToolSpecJson(
+                t["type"],
+                t["function"]["name"],
+                t["function"]["description"],
+                t["function"]["parameters"],
+            )
+            for t in conv["tools"]
+        ]
+        system = chat.Author(chat.AuthorKind.System)
+        declare = chat.Message(content=chat.ToolDeclareJson(specs), author=system)
+        messages = [
+            *chat.OpenAIMessage.from_messages([declare]),
+            *chat.OpenAIMessage.from_oss_messages(_openai_messages(conv)),
+        ]
+        spans, _ = renderer.render_for_completion(messages)
+        return [t for s in spans for t in s.span.tokens]
 
     return render
 

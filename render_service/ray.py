@@ -49,6 +49,10 @@ def _column(batch: Batch, name: str) -> Sequence[Any]:
     return column
 
 
+class _EarlierError(Exception):
+    """The row arrived with an error from an earlier stage."""
+
+
 class _Stage:
     def __init__(self, model: str, settings: dict[str, Any] | None) -> None:
         self.renderer = Renderer.from_pretrained(model, **(settings or {}))
@@ -96,7 +100,8 @@ class DerenderStage(_Stage):
     Reads ``request_column`` (the chat request, for its tools and parser options),
     ``prompt_column`` and ``output_column`` (ids); adds ``content``, ``reasoning``,
     ``tool_calls`` (JSON, or None), ``finish_reason`` and ``error``. A ``finish_reason_column``
-    (e.g. the engine's "length") is used when the batch has it.
+    (e.g. the engine's "length") is used when the batch has it; a row whose ``error`` an
+    earlier stage set keeps that error.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class DerenderStage(_Stage):
         prompts = _column(batch, self.prompt_column)
         outputs = _column(batch, self.output_column)
         reasons = batch.get(self.finish_reason_column)
+        earlier = batch.get("error")  # a row an earlier stage failed keeps its error
         columns: dict[str, list[Any]] = {
             "content": [],
             "reasoning": [],
@@ -131,11 +137,14 @@ class DerenderStage(_Stage):
             zip(requests, prompts, outputs, strict=True)
         ):
             reason = str(reasons[row]) if reasons is not None and reasons[row] else "stop"
+            failed = earlier[row] if earlier is not None else None
             try:
+                if failed:
+                    raise _EarlierError(str(failed))
                 choice = self.renderer.derender_chat(
                     _ids(prompt), _ids(output), _request(request), finish_reason=reason
                 )
-            except (RenderServiceError, ValueError, TypeError) as exc:
+            except (_EarlierError, RenderServiceError, ValueError, TypeError) as exc:
                 for name in ("content", "reasoning", "tool_calls", "finish_reason"):
                     columns[name].append(None)
                 columns["error"].append(getattr(exc, "message", str(exc)))

@@ -39,15 +39,14 @@ class BatchError(Exception):
     """The run cannot start (the output exists without --resume, or is not ours to resume)."""
 
 
-# The worker processes' renderer: built once in the parent, inherited by fork (or built per
-# worker where fork is unavailable).
+# This process's renderer: the run's own with one worker, else each worker process's.
 _renderer: Renderer | None = None
 
 
 def _init_worker(settings: Settings) -> None:
+    # Built in the worker: a renderer's encoder threads do not survive a fork.
     global _renderer
-    if _renderer is None:
-        _renderer = Renderer.from_settings(settings)
+    _renderer = Renderer.from_settings(settings)
 
 
 def _work(mode: Mode, first: int, lines: list[bytes]) -> tuple[bytes, int]:
@@ -127,17 +126,24 @@ def run_batch(settings: Settings, options: BatchOptions) -> int:
         raise BatchError(f"{target} has {done} lines, more than {source} ({total}): not its output")
     workers = options.workers or os.cpu_count() or 1
     global _renderer
-    _renderer = Renderer.from_settings(settings)  # fails fast on a bad model, before any fork
+    _renderer = Renderer.from_settings(settings)  # fails fast on a bad model, before any worker
+    if workers > 1:
+        _renderer.close()
+        _renderer = None
     bar = _progress(total, done, options.progress)
     errors = 0
-    with source.open("rb") as f, target.open("ab") as out:
-        results = _results(options.mode, settings, workers, _chunks(f, done))
-        for answered, failed in results:
-            out.write(answered)
-            out.flush()
-            errors += failed
-            bar.update(answered.count(b"\n"))
-    bar.close()
+    try:
+        with source.open("rb") as f, target.open("ab") as out:
+            results = _results(options.mode, settings, workers, _chunks(f, done))
+            for answered, failed in results:
+                out.write(answered)
+                out.flush()
+                errors += failed
+                bar.update(answered.count(b"\n"))
+    finally:
+        bar.close()
+        if _renderer is not None:
+            _renderer.close()
     return errors
 
 

@@ -102,7 +102,7 @@ class Renderer:
         if self.multimodal is not None:
             self.multimodal.close()
 
-    def __enter__(self) -> Renderer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -67,11 +67,11 @@ def test_render_engine_derender_pipeline(cluster: None) -> None:
     model = str(ensure_default_model())
     rows = [{"request": json.dumps(request(n))} for n in range(CONVERSATIONS)]
     ds = ray_data.from_items(rows, override_num_blocks=4)
-    # Five actors share the two CPUs: fractional CPUs, or the later stages never start.
-    stage = {"fn_constructor_kwargs": {"model": model}, "num_cpus": 0.25}
-    ds = ds.map_batches(RenderStage, concurrency=2, **stage)
-    ds = ds.map_batches(Engine, concurrency=1, **stage)
-    ds = ds.map_batches(DerenderStage, concurrency=2, **stage)
+    # Three actors share the two CPUs: fractional CPUs, or the later stages never start.
+    stage = {"fn_constructor_kwargs": {"model": model}, "num_cpus": 0.5, "concurrency": 1}
+    ds = ds.map_batches(RenderStage, **stage)
+    ds = ds.map_batches(Engine, **stage)
+    ds = ds.map_batches(DerenderStage, **stage)
     results = ds.take_all()
     assert len(results) == CONVERSATIONS
     library = Renderer.from_pretrained(model)
