@@ -262,8 +262,11 @@ def _assistant_start(
     if not before:
         return previous
     prompt = texts.ids(texts.text(before, True))
-    if full_ids[: len(prompt)] == prompt:
-        return len(prompt)
+    shared = _first_difference(prompt, full_ids)
+    if shared is None or shared >= previous:
+        # The generation prompt as far as the whole has it: a prompt that also opens reasoning
+        # (DeepSeek-R1's "<think>\n") departs where the message's own text begins.
+        return len(prompt) if shared is None else shared
     # The template rewrote earlier turns: the header is what the generation prompt adds.
     header = len(prompt) - len(texts.ids(texts.text(before, False)))
     return min(previous + max(header, 0), len(full_ids))

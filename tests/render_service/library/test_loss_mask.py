@@ -68,8 +68,11 @@ def check_mask(model: str, request: dict[str, Any]) -> None:
         else:
             assert trained == list(range(trained[0], trained[-1] + 1))
             if mask.history_stable:
-                # Everything after the generation prompt, through the end-of-turn token.
-                assert trained[0] == len(prefix_ids(r, request, k, True))
+                # Everything after the generation prompt (as far as the whole has it: a prompt
+                # that opens reasoning departs where the text begins), through the turn's end.
+                prompt = prefix_ids(r, request, k, True)
+                assert ids[: trained[0]] == prompt[: trained[0]]
+                assert trained[0] == len(prompt) or ids[trained[0]] != prompt[trained[0]]
             if ids[trained[-1]] not in ends:
                 assert trained[-1] == len(ids) - 1 or model == "glm-4.5"
             assert text in r.model.decode([ids[i] for i in trained])
