@@ -1,7 +1,7 @@
 """In-process derender for the library: the HTTP derender bodies built from plain arguments.
 
 ``derender_chat`` and ``ChatStream`` wrap the same ``Derenderer`` calls the HTTP endpoints make,
-so their answers are the HTTP answers for the same ids (tests/render_service/test_library.py).
+so their answers are the HTTP answers for the same ids (tests/render_service/library/test_derender_parity.py).
 """
 
 from __future__ import annotations

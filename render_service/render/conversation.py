@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from render_service.errors import InvalidRequest
 from render_service.model import templating
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.render import chat
@@ -210,16 +211,22 @@ def loss_mask(renderer: Renderer, request: ChatCompletionRequest | dict[str, Any
     messages = list(request.messages)
     full_ids = texts.ids(texts.text(messages, False))
     end_ids = _end_ids(renderer)
+    specials = renderer.model.special_ids()
     boundaries: list[int] = []
     trainable = [False] * len(full_ids)
     stable = True
     difference: int | None = None
     previous = 0
-    previous_prefix = 0
     for k, message in enumerate(messages):
-        prefix = texts.ids(texts.text(messages[: k + 1], False))
-        split = _first_difference(prefix, full_ids)
-        if split is None or split == len(prefix):
+        prefix = _prefix_ids(texts, messages[: k + 1], False)
+        split = None if prefix is None else _first_difference(prefix, full_ids)
+        if k == len(messages) - 1:
+            end = len(full_ids)
+        elif prefix is None:
+            # The template refuses this prefix alone (Llama 3.1's tools need a user message):
+            # the message renders inside the next one's span.
+            end = previous
+        elif split is None or split == len(prefix):
             end = len(prefix)
         elif split >= previous and message.get("role") != "assistant":
             # The template closes a group the next message continues (Qwen2.5 puts consecutive
@@ -229,9 +236,7 @@ def loss_mask(renderer: Renderer, request: ChatCompletionRequest | dict[str, Any
             if stable:
                 stable = False
                 difference = split
-            last = k == len(messages) - 1
-            end = _structural_end(full_ids, previous, prefix, previous_prefix, end_ids, last)
-        previous_prefix = len(prefix)
+            end = _aligned_end(prefix, full_ids, previous, end_ids, specials)
         if message.get("role") == "assistant":
             start = _assistant_start(texts, messages[:k], full_ids, previous)
             stop = _last_end(full_ids, start, end, end_ids)
@@ -255,21 +260,39 @@ def loss_mask(renderer: Renderer, request: ChatCompletionRequest | dict[str, Any
     )
 
 
+def _prefix_ids(
+    texts: _Texts, messages: list[dict[str, Any]], generation_prompt: bool
+) -> list[int] | None:
+    """The ids of a prefix of the conversation; None when the template refuses it alone."""
+    try:
+        return texts.ids(texts.text(messages, generation_prompt))
+    except InvalidRequest:
+        return None
+
+
 def _assistant_start(
-    texts: _Texts, before: list[dict[str, Any]], full_ids: list[int], previous: int
+    texts: _Texts,
+    before: list[dict[str, Any]],
+    full_ids: list[int],
+    previous: int,
 ) -> int:
-    """Where an assistant message's generated tokens begin: after the generation prompt."""
-    if not before:
+    """Where an assistant message's generated tokens begin: after the generation prompt, as far
+    as the whole has it (a prompt that also opens reasoning, DeepSeek-R1's "<think>\n", departs
+    where the message's own text begins)."""
+    prompt = _prefix_ids(texts, before, True) if before else None
+    if prompt is None:
         return previous
-    prompt = texts.ids(texts.text(before, True))
     shared = _first_difference(prompt, full_ids)
     if shared is None or shared >= previous:
-        # The generation prompt as far as the whole has it: a prompt that also opens reasoning
-        # (DeepSeek-R1's "<think>\n") departs where the message's own text begins.
         return len(prompt) if shared is None else shared
-    # The template rewrote earlier turns: the header is what the generation prompt adds.
-    header = len(prompt) - len(texts.ids(texts.text(before, False)))
-    return min(previous + max(header, 0), len(full_ids))
+    # The template rewrote earlier turns: the message opens with the header the generation
+    # prompt adds, as far as the whole has it.
+    plain = _prefix_ids(texts, before, False)
+    header = prompt[len(plain) :] if plain and prompt[: len(plain)] == plain else []
+    n = 0
+    while n < len(header) and previous + n < len(full_ids) and full_ids[previous + n] == header[n]:
+        n += 1
+    return previous + n
 
 
 def _last_end(full_ids: list[int], start: int, end: int, end_ids: frozenset[int]) -> int:
@@ -281,26 +304,45 @@ def _last_end(full_ids: list[int], start: int, end: int, end_ids: frozenset[int]
     return end
 
 
-def _structural_end(
+def _aligned_end(
+    prefix: list[int],
     full_ids: list[int],
     previous: int,
-    prefix: list[int],
-    previous_prefix: int,
     end_ids: frozenset[int],
-    last: bool,
+    specials: frozenset[int],
 ) -> int:
-    """A message's end when its prefix does not render as a prefix of the whole, from the turn
-    structure: its end-of-turn token and the separator after it (as many ids as the prefix
-    rendering has after its own), or, for a template that closes no turn (GLM), the next
-    turn's opening token, which the model generates as its stop token."""
-    if last:
-        return len(full_ids)
-    closed_at = max((i for i, t in enumerate(prefix) if t in end_ids), default=-1)
-    if closed_at < previous_prefix:
-        starts = (i for i in range(previous + 1, len(full_ids)) if full_ids[i] in end_ids)
-        return next(starts, len(full_ids))
-    tail = len(prefix) - 1 - closed_at
-    for i in range(previous, len(full_ids)):
-        if full_ids[i] in end_ids:
-            return min(i + 1 + tail, len(full_ids))
-    return len(full_ids)
+    """Where the end of ``prefix`` falls in ``full_ids`` when the whole re-renders part of the
+    history (drops or rewrites earlier turns' reasoning or turn ends).
+
+    The rewrite lies before the message's own text, so the whole, cut at the right place, ends
+    with the longest run of the prefix's last ids: the first such place after ``previous``. A
+    prefix whose closing the whole does not have there (a group the next message continues, or
+    a turn end rewritten as another special token, gpt-oss's <|return|> as <|end|>) is matched
+    without it; a rewritten turn end and the separator after it stay with the message.
+    Costs a scan of the whole per message: only templates that rewrite history take it.
+    """
+    shared = _first_difference(prefix, full_ids) or 0
+    closed = max((i for i in range(shared, len(prefix)) if prefix[i] in end_ids), default=None)
+    best, end, trimmed = 0, previous, False
+    # Without its closing the prefix's last id may also differ: the tokenizer merges it with
+    # what follows in the whole (Qwen3 and MiniMax group tool results: "</response>\n<").
+    tails = (prefix,) if closed is None else (prefix, prefix[:closed], prefix[: closed - 1])
+    for tail in tails:
+        if not tail:
+            continue
+        last = tail[-1]
+        for x in range(max(previous, 1), len(full_ids) + 1):
+            if full_ids[x - 1] != last:
+                continue
+            n = 1
+            while n < len(tail) and n < x and tail[-1 - n] == full_ids[x - 1 - n]:
+                n += 1
+            if n > best:
+                best, end, trimmed = n, x, tail is not prefix
+    if trimmed and closed is not None and end < len(full_ids) and full_ids[end] in specials:
+        end += 1
+        for token in prefix[closed + 1 :]:
+            if end >= len(full_ids) or full_ids[end] != token:
+                break
+            end += 1
+    return end

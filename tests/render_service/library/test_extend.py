@@ -81,7 +81,7 @@ def check_extension(model: str, example: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("model", models())
 def test_extend_equals_full_rerender(model: str) -> None:
-    multi_turn, tools = capabilities(model)
+    multi_turn, tools, parallel = capabilities(model)
     if not multi_turn:
         pytest.skip(f"{model}'s template cannot render a multi-turn chat")
 
@@ -91,7 +91,7 @@ def test_extend_equals_full_rerender(model: str) -> None:
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         derandomize=True,
     )
-    @given(conversations(tools))
+    @given(conversations(tools, parallel))
     def run(example: dict[str, Any]) -> None:
         check_extension(model, example)
 
