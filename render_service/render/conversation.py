@@ -68,6 +68,11 @@ class _Texts:
     """Renders message lists of one request (its tools and template kwargs) to text and ids."""
 
     def __init__(self, renderer: Renderer, request: ChatCompletionRequest) -> None:
+        if renderer.model.harmony is not None:
+            # Harmony renders a prompt only with its generation prompt: no history to compare.
+            raise InvalidRequest(
+                "extend and loss_mask need a chat template; this model renders with Harmony"
+            )
         self.renderer = renderer
         self.request = request
         self.tools = chat.template_tools(renderer, request)
