@@ -4,7 +4,7 @@ model, and the renderer of each model as its golden server was configured."""
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import pytest
@@ -68,7 +68,7 @@ def _flags(model: str) -> list[str]:
     return []
 
 
-@cache
+@lru_cache(maxsize=2)  # a renderer per model held for the whole run exhausts memory
 def renderer(model: str) -> Renderer:
     argv = [str(MODELS / model), "--served-model-name", model, *_flags(model)]
     return Renderer.from_settings(parse_settings(argv))

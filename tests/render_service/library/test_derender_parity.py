@@ -12,7 +12,7 @@ call, bound to its one model, never has.
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,12 @@ pytestmark = needs_shared
 CHAT_DIRECTORIES = golden_derender.DIRECTORIES
 
 
-@cache
+@lru_cache(maxsize=2)  # a renderer per model held for the whole run exhausts memory
 def renderer_for(argv: tuple[str, ...]) -> Renderer:
     return Renderer.from_settings(parse_settings(list(argv)))
 
 
-@cache
+@lru_cache(maxsize=2)  # a renderer per model held for the whole run exhausts memory
 def client_for(argv: tuple[str, ...]) -> TestClient:
     return TestClient(build_app(renderer_for(argv)))
 
