@@ -68,10 +68,16 @@ class _Texts:
     """Renders message lists of one request (its tools and template kwargs) to text and ids."""
 
     def __init__(self, renderer: Renderer, request: ChatCompletionRequest) -> None:
+        # Harmony and Mistral's request format render only a conversation the model answers
+        # next (with its generation prompt): no history to compare.
         if renderer.model.harmony is not None:
-            # Harmony renders a prompt only with its generation prompt: no history to compare.
             raise InvalidRequest(
                 "extend and loss_mask need a chat template; this model renders with Harmony"
+            )
+        if renderer.model.mistral is not None:
+            raise InvalidRequest(
+                "extend and loss_mask need a chat template; this model renders with "
+                "mistral_common (--tokenizer-mode mistral)"
             )
         self.renderer = renderer
         self.request = request

@@ -93,6 +93,8 @@ def capabilities(model: str) -> tuple[bool, bool, bool]:
         pytest.skip(f"{model}: serve does not take its golden flags {_flags(model)}")
     if r.model.harmony is not None:
         pytest.skip(f"{model} renders with Harmony (always with its generation prompt)")
+    if r.model.mistral is not None:
+        pytest.skip(f"{model} renders with mistral_common (always with its generation prompt)")
     plain = [
         {"role": "user", "content": "a"},
         {"role": "assistant", "content": "b"},
