@@ -161,6 +161,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_logprobs: Annotated[
         int, Option("most logprob candidates per position in a derendered output (-1: any)")
     ] = 20
+    max_n_sequences: Annotated[
+        int,
+        Option(
+            "most choices per request and per derendered response, as vLLM's variable",
+            env="VLLM_MAX_N_SEQUENCES",
+            default="16384",
+        ),
+    ] = 16384
     max_body_bytes: Annotated[int, Option("request bodies above this are refused (413)")] = (
         64 * 1024 * 1024
     )

@@ -65,7 +65,7 @@ def derender_chat(d: Derenderer, body: DerenderChatRequest) -> ChatCompletionRes
     """Non-streaming chat derender: vLLM's ChatCompletionResponse."""
     d.model.check_name(body.model)
     response = body.generate_response
-    d.machine.check_bounds(response.choices, body.prompt_token_ids)
+    d.machine.check_responses([response], body.prompt_token_ids)
     request = _chat_request(body.chat_request)
     if d.machine.has_parser and request is None:
         raise InvalidRequest(MISSING_CHAT_REQUEST)
@@ -198,12 +198,14 @@ class StreamCall:
 def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStreamResponse], Any]:
     """The derendered chunks of one call and the ``stream_state`` for the next."""
     d.model.check_name(call.model)
-    for chunk in call.chunks:
+    for chunk in call.chunks:  # every bound before any work
         if len(chunk.choices) > 1:
             raise InvalidRequest(
                 "derender_chat_stream expects at most one choice per chunk "
                 f"(got {len(chunk.choices)})."
             )
+        for choice in chunk.choices:
+            d.machine.check_choice(choice)
     token = call.stream_state
     state: ChoiceState | None = None
     outs = []

@@ -35,6 +35,7 @@ def derender_completion(d: Derenderer, body: DerenderCompletionRequest) -> Compl
     """Non-streaming completions derender: vLLM's CompletionResponse, one choice per output."""
     d.model.check_name(body.model)
     responses = body.generate_responses
+    d.machine.check_responses(responses)
     if not responses:
         raise InvalidRequest("generate_responses must not be empty")
     for name, values in (
@@ -54,7 +55,6 @@ def derender_completion(d: Derenderer, body: DerenderCompletionRequest) -> Compl
     completion_tokens = 0
     index = 0
     for position, response in enumerate(responses):
-        d.machine.check_bounds(response.choices, None)
         prompt_ids = (body.prompt_token_ids[position] if body.prompt_token_ids else None) or (
             response.prompt_token_ids or []
         )
@@ -115,6 +115,7 @@ def derender_completion_stream(
             if body.prompt_token_ids is not None
             else (chunk.prompt_token_ids or [])
         )
+        d.machine.check_choice(choice)
         state = d.streams.load(
             token,
             chunk,

@@ -60,7 +60,9 @@ class Derenderer:
     ) -> None:
         self.model = model
         self.settings = settings
-        self.machine = ChoiceMachine(model, parsing, settings.max_logprobs)
+        self.machine = ChoiceMachine(
+            model, parsing, settings.max_logprobs, settings.max_n_sequences
+        )
         self.streams = StreamStates(self.machine, codec, cache)
         self.template_probes = messages_api.TemplateProbes(model, settings)
         self.seeds = Seeds(self.machine, settings, secret)

@@ -25,8 +25,9 @@ from render_service.derender.stop_strings import StopStrings, ids_for_text, stop
 from render_service.errors import InvalidRequest
 from render_service.model.loading import Model
 from render_service.model.parser_setup import ParsingSetup
-from render_service.protocol.derender import GenerateChoice
+from render_service.protocol.derender import GenerateChoice, GenerateResponse
 from render_service.protocol.logprobs import ChatCompletionLogProbs, CompletionLogProbs
+from render_service.settings import DEFAULTS
 
 _ENCODER = msgspec.msgpack.Encoder()
 
@@ -102,10 +103,17 @@ class ChunkResult:
 class ChoiceMachine:
     """One model's per-choice machine: its detokenizers, stop tokens and parser setup."""
 
-    def __init__(self, model: Model, parsing: ParsingSetup | None, max_logprobs: int) -> None:
+    def __init__(
+        self,
+        model: Model,
+        parsing: ParsingSetup | None,
+        max_logprobs: int,
+        max_n: int = DEFAULTS["max_n_sequences"],
+    ) -> None:
         self.model = model
         self.parsing = parsing
         self.max_logprobs = max_logprobs
+        self.max_n = max_n
         self._eos_id = model.info.eos_token_id
         self._model_eos = frozenset(model.info.eos_token_ids)
 
@@ -291,25 +299,57 @@ class ChoiceMachine:
             sampled_ids=choice.token_ids,
         )
 
-    def check_bounds(self, choices: list[GenerateChoice], prompt_ids: list[int] | None) -> None:
-        """A batch output must fit the model's context and --max-logprobs."""
+    def check_responses(
+        self, responses: Sequence[GenerateResponse], prompt_ids: list[int] | None = None
+    ) -> None:
+        """vLLM's derender bounds, with its messages, before any decoding: at most
+        --max-n-sequences responses and choices each, every choice within the model's context
+        and --max-logprobs, prompt logprobs and ids within the context."""
+        max_n = self.max_n
         limit = self.model.info.max_model_len
+        if len(responses) > max_n:
+            raise InvalidRequest(
+                f"generate_responses count ({len(responses)}) exceeds server maximum ({max_n}). "
+                "Set VLLM_MAX_N_SEQUENCES to increase this limit."
+            )
+        for response in responses:
+            if len(response.choices) > max_n:
+                raise InvalidRequest(
+                    f"choices count ({len(response.choices)}) in response "
+                    f"'{response.request_id}' exceeds server maximum ({max_n})."
+                )
+            for choice in response.choices:
+                self.check_choice(choice)
+            prompt_logprobs = response.prompt_logprobs
+            if isinstance(prompt_logprobs, list) and len(prompt_logprobs) > limit:
+                raise InvalidRequest(
+                    f"prompt_logprobs length ({len(prompt_logprobs)}) in response "
+                    f"'{response.request_id}' exceeds max_model_len ({limit})."
+                )
         if prompt_ids is not None and len(prompt_ids) > limit:
             raise InvalidRequest(
                 f"prompt_token_ids has {len(prompt_ids)} ids, more than max_model_len={limit}"
             )
-        for choice in choices:
-            if choice.token_ids is not None and len(choice.token_ids) > limit:
-                raise InvalidRequest(
-                    f"choice {choice.index} has {len(choice.token_ids)} token_ids, more than max_model_len={limit}"
-                )
-            self._check_logprob_count(choice)
 
-    def _check_logprob_count(self, choice: GenerateChoice) -> None:
-        """vLLM's bound: no position may list more candidates than --max-logprobs (-1: any)."""
-        if self.max_logprobs < 0 or choice.logprobs is None or not choice.logprobs.content:
+    def check_choice(self, choice: GenerateChoice) -> None:
+        """One choice (batch, or a stream's chunk) within the context and --max-logprobs."""
+        limit = self.model.info.max_model_len
+        if choice.token_ids and len(choice.token_ids) > limit:
+            raise InvalidRequest(
+                f"token_ids length ({len(choice.token_ids)}) in choice {choice.index} exceeds "
+                f"max_model_len ({limit})."
+            )
+        if choice.logprobs is None or not choice.logprobs.content:
             return
-        for entry in choice.logprobs.content:
+        content = choice.logprobs.content
+        if len(content) > limit:
+            raise InvalidRequest(
+                f"logprobs.content length ({len(content)}) in choice {choice.index} exceeds "
+                f"max_model_len ({limit})."
+            )
+        if self.max_logprobs < 0:
+            return
+        for entry in content:
             if len(entry.top_logprobs) > self.max_logprobs:
                 raise InvalidRequest(
                     f"top_logprobs count ({len(entry.top_logprobs)}) in choice {choice.index} "

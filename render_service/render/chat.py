@@ -134,6 +134,7 @@ def render_chat(
         prompt_logprobs=request.prompt_logprobs,
         skip_special_tokens=skip_special,
         structured=structured,
+        max_n=renderer.settings.max_n_sequences,
     )
     reasoning_ended = hints.reasoning_ended
     if not request.include_reasoning:

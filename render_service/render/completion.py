@@ -69,6 +69,7 @@ def render_completion(
                     prompt_logprobs=prompt_logprobs,
                     skip_special_tokens=skip_special,
                     structured=structured,
+                    max_n=renderer.settings.max_n_sequences,
                 ),
                 model=request.model,
                 return_token_ids=request.return_token_ids,

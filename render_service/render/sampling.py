@@ -9,6 +9,7 @@ import msgspec
 from render_service.errors import InvalidRequest, invalid_param
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.completions import CompletionRequest
+from render_service.settings import DEFAULTS
 from render_service.validation import stop_strings
 
 _GREEDY_EPS = 1e-5
@@ -86,10 +87,19 @@ def structured_outputs(
     return out
 
 
-def verify_sampling(n: int, sampling: dict[str, Any], min_tokens: int, max_tokens: int) -> None:
+def verify_sampling(
+    n: int, sampling: dict[str, Any], min_tokens: int, max_tokens: int, max_n: int
+) -> None:
     """SamplingParams' own range checks, with vLLM's messages."""
     checks = (
         (n < 1, "n", f"n must be at least 1, got {n}.", n),
+        (
+            n > max_n,
+            "n",
+            f"n must be at most {max_n}, got {n}. To increase this limit, set the "
+            "VLLM_MAX_N_SEQUENCES environment variable.",
+            n,
+        ),
         (
             not -2.0 <= sampling["presence_penalty"] <= 2.0,
             "presence_penalty",
@@ -175,9 +185,10 @@ def build_sampling_params(
     bad_words: list[str],
     thinking_token_budget: int | None,
     repetition_detection: dict[str, Any] | None,
+    max_n: int = DEFAULTS["max_n_sequences"],
 ) -> dict[str, Any]:
     """The JSON object vLLM writes for these SamplingParams, keys in its field order."""
-    verify_sampling(n, sampling, min_tokens, max_tokens)
+    verify_sampling(n, sampling, min_tokens, max_tokens, max_n)
     greedy = sampling["temperature"] < _GREEDY_EPS
     out: dict[str, Any] = {}
     if n != 1:
@@ -245,6 +256,7 @@ def request_sampling_params(
     prompt_logprobs: int | None,
     skip_special_tokens: bool,
     structured: dict[str, Any] | None,
+    max_n: int = DEFAULTS["max_n_sequences"],
 ) -> dict[str, Any]:
     """The sampling params of a chat or completion request over the model's ``defaults``."""
     sampling = sampled_values(request, defaults)
@@ -273,6 +285,7 @@ def request_sampling_params(
         bad_words=list(request.bad_words),
         thinking_token_budget=getattr(request, "thinking_token_budget", None),
         repetition_detection=request.repetition_detection,
+        max_n=max_n,
     )
 
 
