@@ -11,6 +11,7 @@
     ├── LimitExceeded             400 BadRequestError (a --max-* limit; the message names the flag)
     │   └── TemplateLimit         400 (a per-request template ran too long, too big or failed)
     └── RequestTimeout            408 RequestTimeoutError (--request-timeout)
+        └── RequestAbandoned      408 (work stopped: no one waits for its answer any more)
 
 Everything else that escapes a handler becomes a logged 500 InternalServerError in one place (app.py).
 """
@@ -77,6 +78,10 @@ class RequestTimeout(RenderServiceError):
 
     status = 408
     error_type = "RequestTimeoutError"
+
+
+class RequestAbandoned(RequestTimeout):
+    """The request was cancelled while its work ran in a thread; the work stops early."""
 
 
 def invalid_param(message: str, param: str, value: object = None) -> InvalidRequest:

@@ -181,9 +181,40 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     parser_cache_ttl: Annotated[
         float, Option("seconds a cached stream state lives after its last chunk")
     ] = 300.0
+    parser_cache_bytes: Annotated[
+        int, Option("memory budget of the cached stream states per process, in bytes")
+    ] = 64 * 1024 * 1024
     segment_cache_entries: Annotated[
         int, Option("prompt text stretches whose ids are kept per process (0: off)")
     ] = 4096
+    segment_cache_bytes: Annotated[
+        int, Option("memory budget of the cached prompt stretches per process, in bytes")
+    ] = 64 * 1024 * 1024
+    small_cache_bytes: Annotated[
+        int,
+        Option(
+            "memory budget, in bytes, of each smaller per-process cache (parsers by tool set, "
+            "parsed templates, logprob token texts)"
+        ),
+    ] = 16 * 1024 * 1024
+    max_vllm_stream_state_bytes: Annotated[
+        int | None,
+        Option(
+            "largest vLLM-format stream_state object accepted, in JSON bytes",
+            default="32 x max_model_len",
+        ),
+    ] = None
+    # HTTP connection limits, per server process (docs/security.md).
+    max_header_bytes: Annotated[
+        int, Option("request line and headers of one request, in bytes (431 above)")
+    ] = 64 * 1024
+    max_headers: Annotated[int, Option("headers per request (431 above)")] = 100
+    header_timeout: Annotated[
+        float, Option("seconds a connection may take to send a request's headers")
+    ] = 10.0
+    max_connections: Annotated[
+        int, Option("open connections per server process (503 and close above)")
+    ] = 1024
     # Hardening limits (docs/security.md says what each protects); 0 or None turns one off.
     max_messages: Annotated[int, Option("messages per chat request (0: no limit)")] = 2048
     max_tools: Annotated[int, Option("tools per chat request (0: no limit)")] = 256

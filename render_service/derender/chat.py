@@ -17,7 +17,12 @@ from render_service.derender.inputs import Check, StreamInputs, no_check
 from render_service.derender.machine import ChoiceState, OutputOptions
 from render_service.derender.stop_strings import StopStrings, refuse_in_stream
 from render_service.derender.streams import check_same_stream
-from render_service.errors import InvalidRequest, RenderServiceError, SchemaError
+from render_service.errors import (
+    InvalidRequest,
+    RenderServiceError,
+    RequestAbandoned,
+    SchemaError,
+)
 from render_service.model.parser_setup import resolve_tool_choice
 from render_service.model.templating import template_kwargs
 from render_service.protocol.chat import (
@@ -147,12 +152,14 @@ def derender_chat_stream(
     d: Derenderer,
     body: DerenderChatStreamRequest | DerenderChatStreamWire,
     check: Check | None = None,
+    kind: str = "chat",
 ) -> ChatDerenderChunk | ChatDerenderChunks:
     """Streaming chunks of one choice: the chunk and the state for the next call.
 
     With ``generate_chunks`` (several generate chunks of one choice, in order) the answer holds
     one derendered chunk each and one state at the end. ``check``: the server's checks of an
-    embedded chat request (its limits), run when the request is decoded.
+    embedded chat request (its limits), run when the request is decoded. ``kind``: the endpoint
+    whose stream this is (``streams.STREAM_KINDS``).
     """
     chunks = stream_chunks(body.generate_chunk, body.generate_chunks)
     call = StreamCall(
@@ -162,6 +169,7 @@ def derender_chat_stream(
         prompt_tokens=body.prompt_tokens,
         inputs=stream_inputs(body, check),
         seed=body.derender_seed,
+        kind=kind,
     )
     outs, token = stream_call(d, call)
     if body.generate_chunks is not None:
@@ -193,6 +201,8 @@ class StreamCall:
     prompt_tokens: int | None
     inputs: StreamInputs
     seed: str | None = None
+    #: The endpoint whose stream this is: its states are signed for it alone.
+    kind: str = "chat"
 
 
 def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStreamResponse], Any]:
@@ -204,8 +214,8 @@ def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStr
                 "derender_chat_stream expects at most one choice per chunk "
                 f"(got {len(chunk.choices)})."
             )
-        for choice in chunk.choices:
-            d.machine.check_choice(choice)
+        for generated in chunk.choices:
+            d.machine.check_choice(generated)
     token = call.stream_state
     state: ChoiceState | None = None
     outs = []
@@ -226,7 +236,7 @@ def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStr
         return_ids = call.inputs.has_chat_request and state.options.return_token_ids
         outs.append(_stream_response(d, call, chunk, [choice], return_ids))
     if state is not None:
-        token = d.streams.store(state, finished)
+        token = d.streams.store(state, finished, call.kind)
     return outs, token
 
 
@@ -238,14 +248,14 @@ def _load(d: Derenderer, call: StreamCall, chunk: GenerateChunk) -> ChoiceState:
     if token is None and call.seed is not None:
         if inputs.has_chat_request or inputs.prompt_ids() is not None:
             _check_inputs(inputs)
-        return d.seeds.start(call.seed, chunk)
+        return d.seeds.start(call.seed, chunk, call.kind)
     if token is None or isinstance(token, dict):
         request = _check_inputs(inputs)
-        fresh = partial(_fresh_state, d, chunk, request, inputs.prompt_ids())
-        state = d.streams.load(token, chunk, fresh)
+        fresh = partial(_fresh_state, d, chunk, request, inputs.prompt_ids(), call.kind)
+        state = d.streams.load(token, chunk, fresh, call.kind)
         return msgspec.structs.replace(state, inputs=inputs.digest) if inputs.digest else state
     try:
-        state = d.streams.load(token, chunk, _no_fresh_state)
+        state = d.streams.load(token, chunk, _no_fresh_state, call.kind)
     except RenderServiceError:
         inputs.validate()  # a body with bad inputs too answers as a whole decode would
         raise
@@ -272,6 +282,7 @@ def _fresh_state(
     chunk: GenerateChunk,
     request: ChatCompletionRequest | None,
     prompt_ids: list[int] | None,
+    kind: str,
 ) -> ChoiceState:
     if d.machine.has_parser and request is None:
         raise InvalidRequest(MISSING_CHAT_REQUEST)
@@ -280,7 +291,12 @@ def _fresh_state(
     ids = prompt_ids if prompt_ids is not None else (chunk.prompt_token_ids or [])
     parse_request = _parse_request(d, request) if request is not None else None
     return d.machine.start(
-        chunk.request_id, chunk.choices[0].index, ids, _options(d, request), parse_request
+        chunk.request_id,
+        chunk.choices[0].index,
+        ids,
+        _options(d, request),
+        parse_request,
+        kind=kind,
     )
 
 
@@ -315,6 +331,8 @@ def derender_chat_streams(
         )
         try:
             outs, token = stream_call(d, call)
+        except RequestAbandoned:
+            raise  # no one reads the other items' answers either
         except RenderServiceError as exc:
             error = ErrorInfo(
                 message=exc.message, type=exc.error_type, param=exc.param, code=exc.status

@@ -120,8 +120,14 @@ def derender_completion_stream(
             token,
             chunk,
             lambda: d.machine.start(
-                chunk.request_id, choice.index, prompt_ids, _options(request), None
+                chunk.request_id,
+                choice.index,
+                prompt_ids,
+                _options(request),
+                None,
+                kind="completions",
             ),
+            "completions",
         )
         d.machine.check_chunk_length(state, choice)
         finished = choice.finish_reason is not None
@@ -146,7 +152,7 @@ def derender_completion_stream(
         new_state = msgspec.structs.replace(
             result.state, role_sent=True, logprob_context=context, text_offset=offset
         )
-        token = d.streams.store(new_state, finished)
+        token = d.streams.store(new_state, finished, "completions")
     out = CompletionStreamResponse(
         id=chunk.request_id,
         created=now(),

@@ -129,7 +129,7 @@ class ChoiceMachine:
             for skip in (True, False)
         }
         flags = (None, None) if parsing is None else (parsing.reasoning_parser, parsing.tool_parser)
-        self._seed = seed_digest(model.info.served_model_name.encode(), repr(flags).encode())
+        self._seed = seed_digest(model.identity, repr(flags).encode())
 
     @property
     def has_parser(self) -> bool:
@@ -151,15 +151,18 @@ class ChoiceMachine:
         *,
         parser_prompt: Sequence[int] | None = None,
         stream: bool = True,
+        kind: str = "chat",
     ) -> ChoiceState:
         """A choice before its first output id.
 
         ``parser_prompt``: the prompt the parser sees, where it differs from the detokenizer's.
         ``stream``: the state will be carried on (it then keeps a lean parse request and the
-        digest that keys the parser cache); a batch choice needs neither.
+        digest that keys the parser cache); a batch choice needs neither. ``kind``: the
+        endpoint the stream belongs to (``streams.STREAM_KINDS``).
         """
         if stream:
-            return self.enter(self.begin(prompt_ids, options, parse_request), request_id, index)
+            start = self.begin(prompt_ids, options, parse_request)
+            return self.enter(start, request_id, index, kind)
         parser = self.parser(parse_request)
         parser_ids = prompt_ids if parser_prompt is None else parser_prompt
         return ChoiceState(
@@ -190,8 +193,11 @@ class ChoiceMachine:
             prompt=_digest_ids(prompt_ids),
         )
 
-    def enter(self, start: StreamStart, request_id: str, index: int) -> ChoiceState:
-        """The state of choice ``index`` of generate request ``request_id`` from ``start``."""
+    def enter(
+        self, start: StreamStart, request_id: str, index: int, kind: str = "chat"
+    ) -> ChoiceState:
+        """The state of choice ``index`` of generate request ``request_id`` from ``start``, in a
+        stream of endpoint ``kind``."""
         return ChoiceState(
             request_id=request_id,
             index=index,
@@ -200,7 +206,7 @@ class ChoiceMachine:
             parse_request=start.parse_request,
             parser=start.parser,
             detok=start.detok,
-            digest=self._stream_seed(request_id, index, start),
+            digest=self._stream_seed(kind, request_id, index, start),
         )
 
     def step(
@@ -366,11 +372,13 @@ class ChoiceMachine:
                 f"max_model_len={limit}."
             )
 
-    def _stream_seed(self, request_id: str, index: int, start: StreamStart) -> bytes:
-        """Cache-key seed: model and parser flags, the request and the choice, the options, the
-        parse context and the prompt."""
+    def _stream_seed(self, kind: str, request_id: str, index: int, start: StreamStart) -> bytes:
+        """Cache-key seed: everything the state depends on (model identity and parser flags,
+        the endpoint kind, the request and choice, the options, the parse context and the
+        prompt), so two streams share a cached state only when they would compute the same one."""
         return seed_digest(
             self._seed,
+            kind.encode(),
             request_id.encode(),
             index.to_bytes(4, "little"),
             _ENCODER.encode(start.options),

@@ -79,14 +79,17 @@ class CacheStats(msgspec.Struct, frozen=True, gc=False):
     evictions: int
     expirations: int
     size: int
+    #: The entries' estimated memory (what ``max_bytes`` bounds).
+    bytes: int = 0
 
 
 class ParserCache(Generic[V]):
     """A bounded, expiring, thread-safe map from running digest to a checked-in stream state.
 
-    ``max_entries`` bounds the size (least recently checked-in goes first; 0 disables the cache);
-    ``ttl_seconds`` is how long an entry lives after its check-in; ``clock`` is injectable for
-    tests and must not go backwards. Values must not be None (None means "not cached").
+    ``max_entries`` and ``max_bytes`` bound the size (least recently checked-in goes first; 0
+    entries disables the cache; each entry's bytes are its caller's estimate); ``ttl_seconds``
+    is how long an entry lives after its check-in; ``clock`` is injectable for tests and must
+    not go backwards. Values must not be None (None means "not cached").
     """
 
     def __init__(
@@ -94,17 +97,20 @@ class ParserCache(Generic[V]):
         max_entries: int,
         ttl_seconds: float,
         clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         if max_entries < 0:
             raise ValueError(f"max_entries must be >= 0, not {max_entries}")
         if ttl_seconds <= 0:
             raise ValueError(f"ttl_seconds must be > 0, not {ttl_seconds}")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.ttl_seconds = ttl_seconds
+        self._bytes = 0
         self._clock = clock
         self._lock = threading.Lock()
         # Insertion order is check-in order, hence also expiry order (one TTL for all entries).
-        self._entries: OrderedDict[bytes, tuple[float, V]] = OrderedDict()
+        self._entries: OrderedDict[bytes, tuple[float, int, V]] = OrderedDict()
         self._hits = 0
         self._misses = 0
         self._evictions = 0
@@ -121,23 +127,27 @@ class ParserCache(Generic[V]):
                 self._hits += 1
             return value
 
-    def check_in(self, key: bytes, value: V) -> None:
-        """Store ``value`` at ``key`` (replacing any entry), then sweep and evict to bound size."""
-        if self.max_entries == 0:
+    def check_in(self, key: bytes, value: V, size: int = 0) -> None:
+        """Store ``value`` (about ``size`` bytes) at ``key``, replacing any entry, then sweep
+        and evict to bound the count and the bytes. An entry over the whole budget is dropped."""
+        if self.max_entries == 0 or size > self.max_bytes:
             return
         now = self._clock()
         with self._lock:
             entries = self._entries
-            entries[key] = (now + self.ttl_seconds, value)
-            entries.move_to_end(key)
+            old = entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            entries[key] = (now + self.ttl_seconds, size, value)
+            self._bytes += size
             for _ in range(_SWEEP):
                 oldest = next(iter(entries.values()))
                 if oldest[0] > now:
                     break
-                entries.popitem(last=False)
+                self._bytes -= entries.popitem(last=False)[1][1]
                 self._expirations += 1
-            while len(entries) > self.max_entries:
-                entries.popitem(last=False)
+            while len(entries) > self.max_entries or self._bytes > self.max_bytes:
+                self._bytes -= entries.popitem(last=False)[1][1]
                 self._evictions += 1
 
     def longest_prefix(self, seed: bytes, history: Sequence[int]) -> tuple[int, V] | None:
@@ -175,6 +185,7 @@ class ParserCache(Generic[V]):
                 evictions=self._evictions,
                 expirations=self._expirations,
                 size=len(self._entries),
+                bytes=self._bytes,
             )
 
     def _take(self, key: bytes, now: float) -> V | None:
@@ -182,7 +193,8 @@ class ParserCache(Generic[V]):
         entry = self._entries.pop(key, None)
         if entry is None:
             return None
+        self._bytes -= entry[1]
         if entry[0] <= now:
             self._expirations += 1
             return None
-        return entry[1]
+        return entry[2]

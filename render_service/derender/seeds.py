@@ -88,13 +88,14 @@ class Seeds:
         """The signed seed for ``start`` (``stops``: the request has stop strings)."""
         return self.codec.encode(_Seed(self.config, start, stops))
 
-    def start(self, token: str, chunk: GenerateChunk) -> ChoiceState:
-        """The first state of ``chunk``'s choice from a seed; 400 naming any flag that differs."""
+    def start(self, token: str, chunk: GenerateChunk, kind: str = "chat") -> ChoiceState:
+        """The first state of ``chunk``'s choice (in a stream of endpoint ``kind``) from a seed;
+        400 naming any flag that differs."""
         seed = self.codec.decode(token, _Seed)
         self.check(seed.config)
         if seed.stops:
             raise InvalidRequest(STREAM_STOP_STRINGS)
-        return self.machine.enter(seed.start, chunk.request_id, chunk.choices[0].index)
+        return self.machine.enter(seed.start, chunk.request_id, chunk.choices[0].index, kind)
 
     def check(self, theirs: SeedConfig) -> None:
         """InvalidRequest naming the first setting in which ``theirs`` differs from ours."""
@@ -118,14 +119,8 @@ def model_digest(model: Model) -> bytes:
     """16 bytes over the tokenizer, the chat template and the context length."""
     info = model.info
     h = hashlib.sha256()
-    mistral = model.mistral
-    tokenizer = (
-        msgspec.msgpack.encode([mistral.version, mistral.token_bytes])  # tekken: every token
-        if mistral is not None
-        else model.hf_backend.to_str().encode()
-    )
     for part in (
-        tokenizer,
+        model.tokenizer_bytes(),
         (info.chat_template or "").encode(),
         str(info.max_model_len).encode(),
     ):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from render_service import __version__
+from render_service.abandon import run_abandonable
 from render_service.apis import messages as messages_api
 from render_service.apis import responses as responses_api
 from render_service.derender import Derenderer
@@ -149,9 +151,16 @@ class Service:
         self.renderer.close()
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """The one place CPU work leaves the event loop."""
+        """The one place CPU work leaves the event loop; cancelling the wait (the request's
+        timeout, or its client gone) tells the work it was abandoned (render_service.abandon)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, metrics.in_pool(partial(fn, *args, **kwargs)))
+        abandoned = threading.Event()
+        work = partial(run_abandonable, abandoned, partial(fn, *args, **kwargs))
+        try:
+            return await loop.run_in_executor(self.pool, metrics.in_pool(work))
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
 
     async def body(self, request: Request, formats: tuple[str, ...] = (JSON,)) -> bytes:
         """The whole body, within --max-body-bytes, of one of ``formats`` (content types)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +161,30 @@ class Model:
     mistral: MistralTokenizer | None = None
     #: The Harmony encoding, for models vLLM renders with Harmony (gpt-oss).
     harmony: HarmonyEncoder | None = None
+
+    @cached_property
+    def identity(self) -> bytes:
+        """A digest of what makes the model's ids mean what they do: its whole tokenizer, chat
+        template, type, context length and served name (stream states are bound to it)."""
+        info = self.info
+        digest = hashlib.blake2b(digest_size=16, person=b"rs.model")
+        for part in (
+            self.tokenizer_bytes(),
+            (info.chat_template or "").encode(),
+            info.model_type.encode(),
+            str(info.max_model_len).encode(),
+            info.served_model_name.encode(),
+        ):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)
+        return digest.digest()
+
+    def tokenizer_bytes(self) -> bytes:
+        """The whole tokenizer as bytes (the HF tokenizer's JSON, or every tekken token)."""
+        mistral = self.mistral
+        if mistral is not None:
+            return msgspec.msgpack.encode([mistral.version, mistral.token_bytes])
+        return self.hf_backend.to_str().encode()
 
     @property
     def vocab_size(self) -> int:

@@ -110,9 +110,7 @@ def test_streaming_refuses_more_logprob_positions_than_the_context(model_dir: Pa
 
 
 def test_more_choices_than_vllms_limit_is_its_400(model_dir: Path) -> None:
-    test_client = TestClient(
-        build_app(Renderer.from_pretrained(str(model_dir), max_n_sequences=2))
-    )
+    test_client = TestClient(build_app(Renderer.from_pretrained(str(model_dir), max_n_sequences=2)))
     choices = [{"index": i, "token_ids": [9707]} for i in range(3)]
     response = test_client.post(
         "/v1/chat/completions/derender",
