@@ -37,11 +37,12 @@ log = logging.getLogger("render_service")
 
 def create_app() -> Starlette:
     """uvicorn factory: each worker process rebuilds the app from the settings its parent wrote."""
-    from render_service.http import lifecycle
+    from render_service.http import connections, lifecycle
     from render_service.http.app import build_app
     from render_service.render import Renderer
 
     settings = read_settings_file(os.environ[SETTINGS_FILE_ENV])
+    connections.configure(connections.ConnectionLimits.from_settings(settings))
     # Worker processes are spawned fresh: logging set up in the parent does not reach them.
     _configure_logging(settings.log_level)
     renderer = Renderer.from_settings(settings)
@@ -126,7 +127,8 @@ def serve(settings: Settings) -> None:
             port=settings.port,
             workers=workers,
             loop="uvloop",
-            http="httptools",
+            # uvicorn's httptools protocol with header and connection limits.
+            http="render_service.http.connections:LimitedHttpToolsProtocol",
             log_level=settings.log_level,
             access_log=False,
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,

@@ -1,0 +1,244 @@
+"""Connection limits below the app: header size, header count, header time, connections.
+
+uvicorn's httptools protocol has none of them: one request may carry any number of headers of
+any size, a client may take forever to finish its headers (slowloris), and a process accepts
+every connection. ``LimitedHttpToolsProtocol`` adds the four, per server process:
+
+- the request line and headers of one request at most ``--max-header-bytes`` (431), counted as
+  the parser reports them and, while headers are still arriving, as raw bytes received (so a
+  header that never ends is refused as soon as it is too long);
+- at most ``--max-headers`` headers (431);
+- a request whose headers are not complete ``--header-timeout`` seconds after its connection
+  opened (or after its first byte, on a kept-alive connection) gets a 408 and is closed;
+- at most ``--max-connections`` open connections: the next one gets a 503 and is closed.
+
+Each refusal is vLLM's error body with ``Connection: close``, followed by a lingering close as
+nginx does it: the server stops writing and reads and drops what the client still sends (at
+most ``_LINGER_BYTES`` for ``_LINGER_SECONDS``), since closing a socket with unread input
+resets the connection and the client may never read the answer. uvicorn is given the class by its
+import path; the worker's app factory sets the limits (``configure``) before uvicorn serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from render_service.protocol.server import ErrorInfo, ErrorResponse
+from render_service.settings import DEFAULTS, Settings
+
+__all__ = ["PROTOCOL", "ConnectionLimits", "LimitedHttpToolsProtocol", "configure"]
+
+#: What uvicorn is given as ``http``: this module's protocol class.
+PROTOCOL = "render_service.http.connections:LimitedHttpToolsProtocol"
+log = logging.getLogger("render_service")
+# Each header line costs its name, its value, ": " and CRLF; the request line its URL plus
+# method and version (at most this many bytes).
+_LINE_OVERHEAD = 4
+_REQUEST_LINE_OVERHEAD = 24
+_LINGER_SECONDS = 5.0
+_LINGER_BYTES = 64 * 1024 * 1024
+
+
+class ConnectionLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """The connection limits of one server process (see the module docstring)."""
+
+    max_header_bytes: int = DEFAULTS["max_header_bytes"]
+    max_headers: int = DEFAULTS["max_headers"]
+    header_timeout: float = DEFAULTS["header_timeout"]
+    max_connections: int = DEFAULTS["max_connections"]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ConnectionLimits:
+        return cls(
+            max_header_bytes=settings.max_header_bytes,
+            max_headers=settings.max_headers,
+            header_timeout=settings.header_timeout,
+            max_connections=settings.max_connections,
+        )
+
+
+_limits = ConnectionLimits()
+
+
+def configure(limits: ConnectionLimits) -> None:
+    """Set this process's limits (the app factory calls it once, before uvicorn serves)."""
+    global _limits
+    _limits = limits
+
+
+class _Refused(Exception):
+    """Raised inside a parser callback to stop parsing a request that broke a limit."""
+
+
+def _refusal(status: int, message: str, error_type: str) -> bytes:
+    body = msgspec.json.encode(
+        ErrorResponse(error=ErrorInfo(message=message, type=error_type, code=status))
+    )
+    return b"".join(
+        (
+            STATUS_LINE[status],
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+            body,
+        )
+    )
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of ``configure``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = _limits
+        self._awaiting_headers = True
+        self._raw_header_bytes = 0
+        self._header_bytes = 0
+        self._header_count = 0
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._refused: bytes | None = None
+        self._discarded = 0
+
+    # ---- connections ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limit = self._limits.max_connections
+        if limit and len(self.connections) > limit:
+            log.warning("refused a connection: the limit of %d open connections is reached", limit)
+            self._refuse(
+                503,
+                f"This server process has {limit} open connections, its limit "
+                "(--max-connections); retry later.",
+                "ServiceUnavailableError",
+            )
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused is not None:  # refused and lingering: drop the input, parse nothing
+            self._discarded += len(data)
+            if self._discarded > _LINGER_BYTES:
+                self.transport.close()
+            return
+        if self._awaiting_headers:
+            self._raw_header_bytes += len(data)
+        super().data_received(data)
+        if (
+            self._refused is None
+            and self._awaiting_headers
+            and self._raw_header_bytes > self._limits.max_header_bytes
+        ):
+            self._refuse_headers_too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a parser error: ours when a callback stopped the parser."""
+        if self._refused is not None:
+            self._send_refusal()
+        else:
+            super().send_400_response(msg)
+
+    # ---- parser callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._awaiting_headers = True
+        self._header_bytes = _REQUEST_LINE_OVERHEAD
+        self._header_count = 0
+        if self._header_timer is None:
+            self._arm_header_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._limits.max_headers:
+            self._stop(
+                f"The request has more than {self._limits.max_headers} headers, this server's "
+                "limit (--max-headers)."
+            )
+        self._count(len(name) + len(value) + _LINE_OVERHEAD)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._awaiting_headers = False
+        self._raw_header_bytes = 0
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._awaiting_headers = True
+        self._raw_header_bytes = 0
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def _count(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._stop(self._too_large_message())
+
+    def _too_large_message(self) -> str:
+        return (
+            f"The request line and headers are larger than {self._limits.max_header_bytes} "
+            "bytes, this server's limit (--max-header-bytes)."
+        )
+
+    def _stop(self, message: str) -> None:
+        """Refuse with 431 from inside a parser callback (the parser stops at the raise)."""
+        self._refused = _refusal(431, message, "RequestHeaderFieldsTooLargeError")
+        raise _Refused(message)
+
+    def _refuse_headers_too_large(self) -> None:
+        self._refuse(431, self._too_large_message(), "RequestHeaderFieldsTooLargeError")
+
+    def _refuse(self, status: int, message: str, error_type: str) -> None:
+        self._refused = _refusal(status, message, error_type)
+        self._send_refusal()
+
+    def _send_refusal(self) -> None:
+        self._cancel_header_timer()
+        if self._refused is None or self.transport.is_closing():
+            return
+        self.transport.write(self._refused)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.flow.resume_reading()
+        self.loop.call_later(_LINGER_SECONDS, self.transport.close)
+
+    def _arm_header_timer(self) -> None:
+        timeout = self._limits.header_timeout
+        if timeout > 0:
+            self._header_timer = self.loop.call_later(timeout, self._header_timed_out)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if not self._awaiting_headers or self.transport.is_closing():
+            return
+        if self._raw_header_bytes == 0 and self.cycle is not None:
+            # A kept-alive connection between requests: uvicorn's keep-alive timeout owns it.
+            return
+        self._refuse(
+            408,
+            f"The request headers did not arrive within {self._limits.header_timeout} s, this "
+            "server's limit (--header-timeout).",
+            "RequestTimeoutError",
+        )
