@@ -280,7 +280,7 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
     cmd = [
         sys.executable, "-m", "render_service", "serve", str(args.model), *FLAGS,
         "--workers", str(args.workers), "--host", "127.0.0.1", "--port", str(port),
-        "--state-secret", "load-test-secret", "--log-level", "warning",
+        "--state-secret", "load-test-secret-0123456789abcdef", "--log-level", "warning",
     ]  # fmt: skip
     with log.open("wb") as out:
         return subprocess.Popen(

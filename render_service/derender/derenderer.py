@@ -70,7 +70,11 @@ class Derenderer:
         self.model = model
         self.settings = settings
         self.machine = ChoiceMachine(
-            model, parsing, settings.max_logprobs, settings.max_n_sequences
+            model,
+            parsing,
+            settings.max_logprobs,
+            settings.max_n_sequences,
+            settings.small_cache_bytes,
         )
         max_len = model.info.max_model_len
         bounds = VllmStateBounds(

@@ -14,10 +14,10 @@ The stop token that derender drops from the text keeps its logprob entry, as in 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from parsers.logprob_text import LOGPROB_CONTEXT_IDS, logprob_context, logprob_token_text
+from render_service.caches import ByteLRU
 from render_service.protocol.logprobs import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -39,8 +39,10 @@ __all__ = [
     "completion_top_limit",
 ]
 
-#: Single-id texts kept per model; a few thousand covers the ids a stream keeps meeting.
-DEFAULT_CACHE_SIZE = 8192
+#: Bytes of single-id texts kept per model (thousands of ids: those a stream keeps meeting).
+DEFAULT_CACHE_BYTES = 4 * 1024 * 1024
+# An entry's memory: the str object (header plus up to 4 bytes a character), key and links.
+_ENTRY_OVERHEAD = 160
 
 
 class TokenTexts:
@@ -48,26 +50,27 @@ class TokenTexts:
 
     ``decode`` renders ids with special tokens kept (``tokenizer.decode(ids,
     skip_special_tokens=False)``); ``known`` says whether an id is in the vocabulary (the
-    model's vocabulary can be larger than the tokenizer's). Single-id texts are cached in a
-    bounded LRU, since every position decodes its sampled id and each kept candidate alone.
+    model's vocabulary can be larger than the tokenizer's). Single-id texts are cached in an
+    LRU bounded by ``cache_bytes``, since every position decodes its sampled id and each kept
+    candidate alone.
     """
 
-    __slots__ = ("_decode", "_known", "_single")
+    __slots__ = ("_decode", "_known", "cache")
 
     def __init__(
         self,
         decode: Callable[[Sequence[int]], str],
         known: Callable[[int], bool] | None = None,
         *,
-        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         self._decode = decode
         self._known = known
-        self._single = lru_cache(maxsize=cache_size)(self._decode_one)
+        self.cache: ByteLRU[int, str] = ByteLRU("token_texts", cache_bytes)
 
     @classmethod
     def for_tokenizer(
-        cls, tokenizer: tokenizers.Tokenizer, *, cache_size: int = DEFAULT_CACHE_SIZE
+        cls, tokenizer: tokenizers.Tokenizer, *, cache_bytes: int = DEFAULT_CACHE_BYTES
     ) -> TokenTexts:
         """Texts from a byte-level ``tokenizers.Tokenizer`` (SentencePiece needs its leading
         space restored on single ids, which this does not do)."""
@@ -78,17 +81,18 @@ class TokenTexts:
         def known(token_id: int) -> bool:
             return tokenizer.id_to_token(token_id) is not None
 
-        return cls(decode, known, cache_size=cache_size)
-
-    def _decode_one(self, token_id: int) -> str:
-        return self._decode([token_id])
+        return cls(decode, known, cache_bytes=cache_bytes)
 
     def __call__(self, ids: Sequence[int]) -> str:
         """The text of ``ids``; a single id comes from the cache."""
-        if len(ids) == 1:
-            text: str = self._single(ids[0])
-            return text
-        return self._decode(ids)
+        if len(ids) != 1:
+            return self._decode(ids)
+        token_id = ids[0]
+        text = self.cache.get(token_id)
+        if text is None:
+            text = self._decode([token_id])
+            self.cache.put(token_id, text, _ENTRY_OVERHEAD + 4 * len(text))
+        return text
 
     def known(self, token_id: int) -> bool:
         """Whether ``token_id`` has a vocabulary entry."""

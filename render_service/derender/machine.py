@@ -109,6 +109,7 @@ class ChoiceMachine:
         parsing: ParsingSetup | None,
         max_logprobs: int,
         max_n: int = DEFAULTS["max_n_sequences"],
+        cache_bytes: int = DEFAULTS["small_cache_bytes"],
     ) -> None:
         self.model = model
         self.parsing = parsing
@@ -120,7 +121,7 @@ class ChoiceMachine:
         def decode(ids: Sequence[int]) -> str:
             return model.decode(list(ids), skip_special_tokens=False)
 
-        self.texts = lp.TokenTexts(decode, model.known)
+        self.texts = lp.TokenTexts(decode, model.known, cache_bytes=cache_bytes)
         special_ids = model.stream_special_ids()
         self._detok = {
             skip: Detokenizer(

@@ -18,6 +18,7 @@ from render_service import __version__
 from render_service.abandon import run_abandonable
 from render_service.apis import messages as messages_api
 from render_service.apis import responses as responses_api
+from render_service.caches import CacheSize
 from render_service.derender import Derenderer
 from render_service.errors import BodyTooLarge, SchemaError
 from render_service.http import lifecycle, metrics
@@ -208,6 +209,15 @@ class Service:
             data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
         return data
 
+    def caches(self) -> list[CacheSize]:
+        """Every per-process cache's size (for /metrics)."""
+        stats = self.derenderer.cache.stats()
+        return [
+            *self.renderer.caches(),
+            CacheSize(name="stream_states", entries=stats.size, bytes=stats.bytes),
+            self.derenderer.machine.texts.cache.size(),
+        ]
+
     def guarded(self, handler: Handler) -> Handler:
         """``handler`` behind this server's API key and request timeout (http.errors.guarded)."""
         return guarded(handler, timeout=self.settings.request_timeout, api_key=self.api_key)
@@ -226,6 +236,7 @@ class Service:
             self._render_chat, body, request.headers.get("x-request-id"), media, seed
         )
         metrics.observe_render((result,))
+        metrics.observe_caches(self.caches())
         if media is None:
             return MsgspecResponse(result)
         if media.payloads is not None:
@@ -257,6 +268,7 @@ class Service:
             self.renderer.render_completion, body, request_id=request.headers.get("x-request-id")
         )
         metrics.observe_render(result)
+        metrics.observe_caches(self.caches())
         return MsgspecResponse(result)
 
     async def render_messages(self, request: Request) -> Response:
@@ -342,6 +354,7 @@ class Service:
         self.limits.check_request(body)
         result = await self.run(derender, body)
         metrics.observe_derender(body, self.derenderer.cache)
+        metrics.observe_caches(self.caches())
         return MsgspecResponse(result)
 
     async def tokenize(self, request: Request) -> Response:

@@ -42,6 +42,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from render_service.caches import CacheSize
+
 T = TypeVar("T")
 CacheEvent = Literal["hit", "miss", "eviction", "expiration"]
 _CACHE_EVENT_NAMES: tuple[CacheEvent, ...] = ("hit", "miss", "eviction", "expiration")
@@ -120,6 +122,20 @@ PARSER_CACHE = Counter(
 PARSER_CACHE_ENTRIES = Gauge(
     "render_service_parser_cache_entries",
     "Stream states held in the parser cache now (summed over processes).",
+    registry=_registry,
+    multiprocess_mode="livesum",
+)
+CACHE_BYTES = Gauge(
+    "render_service_cache_bytes",
+    "Estimated memory of each per-process cache, by cache (summed over processes).",
+    ["cache"],
+    registry=_registry,
+    multiprocess_mode="livesum",
+)
+CACHE_ENTRIES = Gauge(
+    "render_service_cache_entries",
+    "Entries of each per-process cache, by cache (summed over processes).",
+    ["cache"],
     registry=_registry,
     multiprocess_mode="livesum",
 )
@@ -207,6 +223,13 @@ def observe_derender(body: Any, cache: Any) -> None:
             _CACHE_EVENTS[event].inc(total - seen[event])
             seen[event] = total
     PARSER_CACHE_ENTRIES.set(stats.size)
+
+
+def observe_caches(sizes: Iterable[CacheSize]) -> None:
+    """Set each cache's size gauges (called after requests that may change them)."""
+    for size in sizes:
+        CACHE_BYTES.labels(size.name).set(size.bytes)
+        CACHE_ENTRIES.labels(size.name).set(size.entries)
 
 
 _CACHE_STATS_FIELDS = ("hits", "misses", "evictions", "expirations")

@@ -97,14 +97,73 @@ class StartupError(Exception):
     """The server cannot start; the message says why in one line (raised before any worker)."""
 
 
+# Placeholder values shipped in examples over the years; a secret containing one is refused.
+_PLACEHOLDERS = ("replace-me", "replace_me", "changeme", "change-me", "placeholder")
+#: The shortest state secret accepted, in bytes (HMAC-SHA256 keys shorter than that are weak).
+MIN_SECRET_BYTES = 32
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "tekken.json",
+)
+
+
+def check_startup(settings: Settings) -> None:
+    """Everything that would make every worker fail, checked once in the parent (StartupError,
+    or MissingImageExtra for an image model without the image stack)."""
+    secret = settings.state_secret
+    if secret is not None:
+        lowered = secret.lower()
+        if any(p in lowered for p in _PLACEHOLDERS):
+            raise StartupError(
+                "the state secret is a placeholder from an example; set a random one "
+                "(openssl rand -hex 32)"
+            )
+        if len(secret.encode()) < MIN_SECRET_BYTES:
+            raise StartupError(
+                f"the state secret is {len(secret.encode())} bytes; use at least "
+                f"{MIN_SECRET_BYTES} random bytes (openssl rand -hex 32)"
+            )
+    from render_service.model.loading import (
+        load_chat_template_arg,
+        max_context_length,
+        resolve_model_path,
+    )
+
+    path = _model_path(settings)
+    tokenizer = path
+    if settings.tokenizer is not None:
+        try:
+            tokenizer = resolve_model_path(
+                settings.tokenizer, settings.tokenizer_revision, "tokenizer"
+            )
+        except FileNotFoundError as exc:
+            raise StartupError(str(exc)) from exc
+    if not any((tokenizer / name).is_file() for name in _TOKENIZER_FILES):
+        raise StartupError(f"{settings.tokenizer or settings.model!r} has no tokenizer files")
+    limit = max_context_length(path)
+    if settings.max_model_len is not None and settings.max_model_len > limit:
+        raise StartupError(
+            f"--max-model-len {settings.max_model_len} is larger than the model's context "
+            f"length {limit}"
+        )
+    if settings.chat_template is not None:
+        try:
+            load_chat_template_arg(settings.chat_template)
+        except (FileNotFoundError, OSError) as exc:
+            raise StartupError(str(exc)) from None
+    _require_extras(path, settings)
+
+
 def serve(settings: Settings) -> None:
     """Run the server until SIGTERM or SIGINT, then drain and return.
 
-    Before any worker starts: StartupError for a model that is not there or an address that
-    cannot be bound, MissingImageExtra for an image model without the image stack.
+    StartupError or MissingImageExtra, before any worker starts, for a server that cannot run.
     """
     _configure_logging(settings.log_level)
-    _require_extras(_model_path(settings), settings)
+    check_startup(settings)
     _check_address(settings.host, settings.port)
     if settings.state_secret is None:
         log.warning(

@@ -68,11 +68,16 @@ def resolve_model_path(model: str, revision: str | None = None, what: str = "mod
         return local.resolve()
     from huggingface_hub import snapshot_download
 
-    # The hub client honours HF_HUB_OFFLINE itself: offline it answers from the local cache only.
+    # Only ever the local cache: the server never downloads (local_files_only, whatever
+    # HF_HUB_OFFLINE says).
     try:
-        return Path(snapshot_download(model, revision=revision))
+        return Path(snapshot_download(model, revision=revision, local_files_only=True))
     except Exception as exc:  # the hub client raises many types; all mean "not available here"
-        cached = "in the hub cache" if revision is None else f"in the hub cache at {revision!r}"
+        cached = (
+            "in the local hub cache"
+            if revision is None
+            else f"in the local hub cache at {revision!r}"
+        )
         raise FileNotFoundError(f"{what} {model!r} is neither a directory nor {cached}") from exc
 
 
@@ -101,6 +106,11 @@ def _max_model_len(config: dict[str, Any]) -> int:
     ):
         length = int(length * float(scaling.get("factor") or 1.0))
     return length
+
+
+def max_context_length(path: Path) -> int:
+    """The context length a model directory's config gives (what --max-model-len may lower)."""
+    return _max_model_len(read_json(path / "config.json"))
 
 
 def _load_chat_template(path: Path, tokenizer_config: dict[str, Any]) -> str | None:

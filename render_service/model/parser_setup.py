@@ -3,8 +3,6 @@ model's marker tokens, one parser per parse request, and how a chat request's to
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +15,12 @@ from parsers import (
     TokenizerFacts,
     build_chat_parser,
 )
+from render_service.caches import ByteLRU
 from render_service.errors import invalid_param
 from render_service.model.harmony import token_bytes
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.generate import ParseContext
+from render_service.settings import DEFAULTS
 
 if TYPE_CHECKING:
     from render_service.model.loading import Model
@@ -30,8 +30,10 @@ if TYPE_CHECKING:
 HARMONY_REASONING = "openai_gptoss"
 HARMONY_TOOLS = "openai"
 _PARSE_REQUEST_ENCODER = msgspec.msgpack.Encoder()
-# Parsers are configuration only, so requests with the same parse context share one.
-_PARSER_CACHE_SIZE = 512
+# A cached parser's memory, estimated from its key (the encoded parse request: tool names and
+# schemas, which the parser keeps in its own forms): this multiple of the key, plus overhead.
+_PARSER_BYTES_PER_KEY_BYTE = 4
+_PARSER_OVERHEAD_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class ParsingSetup:
     """The server's parser flags plus the model's marker tokens, and the parsers built so far.
 
     Parsers are configuration only (no per-stream state), so requests with the same parse
-    request share one; the most recently used ``max_parsers`` are kept (thread-safe).
+    request share one; the most recently used are kept within ``cache_bytes`` (thread-safe).
     """
 
     def __init__(
@@ -56,16 +58,14 @@ class ParsingSetup:
         reasoning_parser: str | None,
         tool_parser: str | None,
         facts: TokenizerFacts,
-        max_parsers: int = _PARSER_CACHE_SIZE,
+        cache_bytes: int = DEFAULTS["small_cache_bytes"],
         tool_strict_level: str | None = None,
     ) -> None:
         self.reasoning_parser = reasoning_parser
         self.tool_parser = tool_parser
         self.tool_strict_level = tool_strict_level
         self.facts = facts
-        self.max_parsers = max_parsers
-        self._parsers: OrderedDict[bytes, ChatParser | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self.parsers: ByteLRU[bytes, tuple[ChatParser | None]] = ByteLRU("parsers", cache_bytes)
 
     @property
     def has_reasoning(self) -> bool:
@@ -100,7 +100,13 @@ class ParsingSetup:
         facts = TokenizerFacts.from_added_tokens(
             model.added_tokens(), model.special_ids(), token_bytes=table
         )
-        setup = cls(reasoning, tool, facts, tool_strict_level=settings.tool_strict_level)
+        setup = cls(
+            reasoning,
+            tool,
+            facts,
+            settings.small_cache_bytes,
+            tool_strict_level=settings.tool_strict_level,
+        )
         setup.parser(ParseRequest())
         return setup
 
@@ -111,11 +117,10 @@ class ParsingSetup:
     def parser(self, request: ParseRequest) -> ChatParser | None:
         """The parser for a request; streams reuse one per distinct parse request."""
         key = _PARSE_REQUEST_ENCODER.encode(request)
-        with self._lock:
-            if key in self._parsers:
-                self._parsers.move_to_end(key)
-                return self._parsers[key]
-        # Built outside the lock: two threads may build the same parser once each.
+        cached = self.parsers.get(key)
+        if cached is not None:
+            return cached[0]
+        # Two threads may build the same parser once each.
         parser = build_chat_parser(
             self.reasoning_parser,
             self.tool_parser,
@@ -123,10 +128,8 @@ class ParsingSetup:
             request,
             tool_strict_level=self.tool_strict_level,
         )
-        with self._lock:
-            self._parsers[key] = parser
-            while len(self._parsers) > self.max_parsers:
-                self._parsers.popitem(last=False)
+        size = _PARSER_BYTES_PER_KEY_BYTE * len(key) + _PARSER_OVERHEAD_BYTES
+        self.parsers.put(key, (parser,), size)
         return parser
 
     def render_hints(self, context: ParseContext, prompt_ids: list[int]) -> RenderHints:

@@ -6,20 +6,22 @@ template sees the same variables and filters it sees under vLLM.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from functools import lru_cache
 from typing import Any, Literal
 
 import jinja2
 import jinja2.meta
 import jinja2.nodes
 import jinja2.sandbox
+import msgspec
 
+from render_service.caches import ByteLRU
 from render_service.errors import InvalidRequest
 from render_service.model.sandbox import TemplateSandbox
 from render_service.protocol.chat import IMAGE_PART_TYPES, ChatCompletionRequest
 from render_service.protocol.tokenize import TokenizeChatRequest
-from render_service.settings import Settings
+from render_service.settings import DEFAULTS, Settings
 
 ContentFormat = Literal["string", "openai"]
 
@@ -32,7 +34,6 @@ _ALWAYS_PASSED = frozenset(
 )
 
 
-@lru_cache(maxsize=32)
 def _parse(template: str) -> jinja2.nodes.Template:
     return jinja2.sandbox.ImmutableSandboxedEnvironment(
         extensions=["jinja2.ext.loopcontrols"]
@@ -48,28 +49,47 @@ def _iterates_content(node: jinja2.nodes.Node) -> bool:
     return False
 
 
-@lru_cache(maxsize=32)
-def detect_content_format(template: str) -> ContentFormat:
-    """'openai' when the template loops over a message's content parts, else 'string'."""
+class TemplateFacts(msgspec.Struct, frozen=True):
+    """What the render path reads off a template's syntax tree, kept instead of the tree."""
+
+    content_format: ContentFormat
+    variables: frozenset[str]
+
+
+#: Facts per template, keyed by the template's digest (so the cache never holds the template).
+TEMPLATE_FACTS: ByteLRU[bytes, TemplateFacts] = ByteLRU("templates", DEFAULTS["small_cache_bytes"])
+
+
+def template_facts(template: str) -> TemplateFacts:
+    """The template's content format and variables (parsed once per distinct template)."""
+    key = hashlib.blake2b(template.encode(), digest_size=16).digest()
+    facts = TEMPLATE_FACTS.get(key)
+    if facts is not None:
+        return facts
     try:
         ast = _parse(template)
     except jinja2.TemplateSyntaxError:
-        return "string"
-    return (
-        "openai" if any(_iterates_content(n) for n in ast.find_all(jinja2.nodes.For)) else "string"
-    )
+        facts = TemplateFacts("string", frozenset())
+    else:
+        loops = any(_iterates_content(n) for n in ast.find_all(jinja2.nodes.For))
+        facts = TemplateFacts(
+            "openai" if loops else "string",
+            frozenset(jinja2.meta.find_undeclared_variables(ast)),
+        )
+    TEMPLATE_FACTS.put(key, facts, 256 + sum(64 + len(v) for v in facts.variables))
+    return facts
 
 
-@lru_cache(maxsize=32)
+def detect_content_format(template: str) -> ContentFormat:
+    """'openai' when the template loops over a message's content parts, else 'string'."""
+    return template_facts(template).content_format
+
+
 def template_variables(template: str) -> frozenset[str]:
     """Names the template reads from its context (kwargs it does not read are dropped)."""
-    try:
-        return frozenset(jinja2.meta.find_undeclared_variables(_parse(template)))
-    except jinja2.TemplateSyntaxError:
-        return frozenset()
+    return template_facts(template).variables
 
 
-@lru_cache(maxsize=32)
 def supports_developer_role(template: str) -> bool:
     """vLLM's test: the template names the role as a quoted string."""
     return '"developer"' in template or "'developer'" in template

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 import threading
 import unicodedata
+from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import tokenizers
 
@@ -32,6 +35,8 @@ from render_service.model import fast_bpe
 
 # Stretches shorter than this are cheaper to encode again than to look up.
 _MIN_CACHED_CHARS = 64
+# A cached stretch's cost beyond its str and id array: dict slot, LRU links, tuple.
+_ENTRY_OVERHEAD = 160
 # Stretches longer than this are encoded as parts in parallel (about 2,000 tokens a part).
 _PART_CHARS = 8192
 # Where a long stretch may be cut: after a letter or digit, before a space and a letter.
@@ -43,16 +48,30 @@ _SAMPLE = (
 )
 
 
+def stretch_bytes(text: str, ids: array[int]) -> int:
+    """A cached stretch's memory: the str and the id array as Python sizes them, plus the
+    entry's overhead (dict slot, LRU links, tuple)."""
+    return _ENTRY_OVERHEAD + sys.getsizeof(text) + sys.getsizeof(ids)
+
+
 class SegmentEncoder:
-    """Encodes rendered prompts through a bounded LRU of text stretches (thread-safe)."""
+    """Encodes rendered prompts through an LRU of text stretches bounded by count and bytes
+    (thread-safe). Ids are kept as 4-byte arrays, not lists of Python ints."""
 
     def __init__(
-        self, backend: tokenizers.Tokenizer, max_entries: int = 4096, *, fast: bool = True
+        self,
+        backend: tokenizers.Tokenizer,
+        max_entries: int = 4096,
+        *,
+        max_bytes: int = 64 * 1024 * 1024,
+        fast: bool = True,
     ) -> None:
         self.backend = backend
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.bytes = 0
         self._lock = threading.Lock()
-        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[int, array[int]]] = OrderedDict()
         added = backend.get_added_tokens_decoder()
         self._ids = {token.content: token_id for token_id, token in added.items()}
         self.enabled = (
@@ -70,18 +89,18 @@ class SegmentEncoder:
         if not self.enabled or self._split is None:
             return list(self.backend.encode(text, add_special_tokens=False).ids)
         pieces = self._split.split(text)
-        found: dict[str, list[int]] = {}
+        found: dict[str, Sequence[int]] = {}
         missing: list[str] = []
         with self._lock:
             for index, piece in enumerate(pieces):
                 if index % 2 == 1 or len(piece) < _MIN_CACHED_CHARS:
                     continue
-                ids = self._cache.get(piece)
-                if ids is None:
+                entry = self._cache.get(piece)
+                if entry is None:
                     missing.append(piece)
                 else:
                     self._cache.move_to_end(piece)
-                    found[piece] = ids
+                    found[piece] = entry[1]
         short = [p for i, p in enumerate(pieces) if i % 2 == 0 and p and len(p) < _MIN_CACHED_CHARS]
         batch = list(dict.fromkeys(missing + short))
         if batch:
@@ -114,12 +133,22 @@ class SegmentEncoder:
             ids[owner].extend(part_ids)
         return dict(zip(stretches, ids, strict=True))
 
-    def _remember(self, fresh: dict[str, list[int]]) -> None:
+    def _remember(self, fresh: dict[str, Sequence[int]]) -> None:
+        entries = []
+        for piece, ids in fresh.items():
+            compact = array("I", ids)
+            entries.append((piece, stretch_bytes(piece, compact), compact))
         with self._lock:
-            for piece, ids in fresh.items():
-                self._cache[piece] = ids
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
+            for piece, size, compact in entries:
+                if size > self.max_bytes:
+                    continue
+                old = self._cache.pop(piece, None)
+                if old is not None:
+                    self.bytes -= old[0]
+                self._cache[piece] = (size, compact)
+                self.bytes += size
+            while len(self._cache) > self.max_entries or self.bytes > self.max_bytes:
+                self.bytes -= self._cache.popitem(last=False)[1][0]
 
     def __len__(self) -> int:
         return len(self._cache)

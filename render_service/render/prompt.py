@@ -26,8 +26,12 @@ class PromptEncoder:
     def __init__(self, model: Model, settings: Settings) -> None:
         self.model = model
         self.max_prompt_tokens = settings.max_prompt_tokens
-        self._segments = (
-            SegmentEncoder(model.backend, settings.segment_cache_entries)
+        self.segments = (
+            SegmentEncoder(
+                model.backend,
+                settings.segment_cache_entries,
+                max_bytes=settings.segment_cache_bytes,
+            )
             if model.backend is not None
             else None
         )
@@ -42,14 +46,14 @@ class PromptEncoder:
     ) -> Prompt:
         """The ids of ``text``, truncated as asked (``-1``: to max_model_len), length-checked."""
         offsets: list[tuple[int, int]] | None = None
-        if self._segments is None:  # Mistral's tekken: no offsets (vLLM has none either)
+        if self.segments is None:  # Mistral's tekken: no offsets (vLLM has none either)
             ids = self.model.encode(text, add_special_tokens)
         elif add_special_tokens or want_offsets:
             encoding = self.model.hf_backend.encode(text, add_special_tokens=add_special_tokens)
             ids = list(encoding.ids)
             offsets = [(start, end) for start, end in encoding.offsets] if want_offsets else None
         else:
-            ids = self._segments.encode(text)
+            ids = self.segments.encode(text)
         return self.finish(ids, offsets, truncate, side)
 
     def finish(
@@ -70,8 +74,8 @@ class PromptEncoder:
         return Prompt(ids, offsets)
 
     def close(self) -> None:
-        if self._segments is not None:
-            self._segments.close()
+        if self.segments is not None:
+            self.segments.close()
 
     def check_length(self, length: int) -> None:
         """A prompt of ``length`` ids must fit --max-prompt-tokens and the model's context."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Self
 
 from render_service.apis import messages as messages_api
+from render_service.caches import CacheSize
 from render_service.errors import InvalidRequest
 from render_service.model import templating
 from render_service.model.loading import Model, load_chat_template_arg, load_model
@@ -47,6 +48,7 @@ class Renderer:
         self.prompts = PromptEncoder(model, settings)
         self.template_probes = messages_api.TemplateProbes(model, settings)
         self.multimodal = media_pipeline(model.info.path, settings.model, settings)
+        templating.TEMPLATE_FACTS.resize(settings.small_cache_bytes)
         template = model.info.chat_template
         self.content_format = (
             settings.chat_template_content_format
@@ -89,6 +91,16 @@ class Renderer:
             tokenizer_mode=settings.tokenizer_mode,
         )
         return cls(loaded, settings)
+
+    def caches(self) -> list[CacheSize]:
+        """The size of every per-process cache of this renderer and its derender setup."""
+        segments = self.prompts.segments
+        sizes = [templating.TEMPLATE_FACTS.size()]
+        if segments is not None:  # none in Mistral mode (tekken encodes whole prompts)
+            sizes.insert(0, CacheSize(name="segments", entries=len(segments), bytes=segments.bytes))
+        if self.parsing is not None:
+            sizes.append(self.parsing.parsers.size())
+        return sizes
 
     @property
     def model_name(self) -> str:

@@ -25,6 +25,7 @@ from tests.integration.nginx import nginx_quoted
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 K8S = DOCKER / "k8s"
+DEPLOYMENT_DOC = REPO / "docs" / "deployment.md"
 # The oldest Kubernetes we claim: the preStop `sleep` action is on by default from 1.30.
 K8S_VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 ROUTES_PROBED = {"/health", "/ready", "/metrics"}
@@ -75,13 +76,21 @@ def test_every_kind_is_there_and_kustomization_lists_every_file() -> None:
             "Deployment",
             "HorizontalPodAutoscaler",
             "PodDisruptionBudget",
-            "Secret",
             "Service",
         ]
     )
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     listed = sorted(kustomization["resources"])
     assert listed == sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def test_no_secret_value_is_shipped() -> None:
+    # Regression (issue 14): kustomization.yaml applied a Secret with a placeholder value, so
+    # following the docs (create the secret, then apply -k) overwrote it with a public one.
+    assert not [name for name, doc in manifests() if doc["kind"] == "Secret"]
+    for path in DOCKER.rglob("*"):
+        if path.is_file():
+            assert "replace-me" not in path.read_text(errors="replace"), path
 
 
 def test_selectors_and_references_agree() -> None:
@@ -96,12 +105,12 @@ def test_selectors_and_references_agree() -> None:
 
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    secret = by_kind("Secret")
     (env,) = container["env"]
     ref = env["valueFrom"]["secretKeyRef"]
     assert env["name"] == "RENDER_SERVICE_STATE_SECRET"
-    assert ref["name"] == secret["metadata"]["name"]
-    assert ref["key"] in secret["stringData"]
+    # The Secret is created out of band, under the name and key docs/deployment.md gives.
+    assert (ref["name"], ref["key"]) == ("render-service-state", "RENDER_SERVICE_STATE_SECRET")
+    assert "kubectl create secret generic render-service-state" in DEPLOYMENT_DOC.read_text()
 
     config_map = by_kind("ConfigMap")
     volumes = {v["name"]: v for v in pod["volumes"]}

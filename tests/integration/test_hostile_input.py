@@ -25,7 +25,7 @@ CMPL = "/v1/completions/render"
 DERENDER = "/v1/chat/completions/derender"
 HI = [{"role": "user", "content": "Hi"}]
 JSON = {"Content-Type": "application/json"}
-SECRET = "hostile-test-secret"
+SECRET = "hostile-test-secret-0123456789abcdef"
 LIMITS = {
     "--max-body-bytes": 48 * 1024 * 1024,
     "--max-messages": 1000,

@@ -30,7 +30,7 @@ from tests.integration.server import RunningServer, running_server
 CHAT = "/v1/chat/completions/render"
 CMPL = "/v1/completions/render"
 DERENDER = "/v1/chat/completions/derender"
-SECRET = "load-balancer-test-secret"
+SECRET = "load-balancer-test-secret-0123456789"
 STREAMS = 20
 PARSER_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 WEATHER = {

@@ -28,7 +28,7 @@ FLAGS = [
     "--tool-call-parser",
     "hermes",
     "--state-secret",
-    "schemathesis-secret",
+    "schemathesis-secret-0123456789abcdef",
     "--max-body-bytes",
     "1048576",
 ]

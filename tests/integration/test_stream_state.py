@@ -16,7 +16,7 @@ import pytest
 from render_service import Renderer
 from tests.integration.server import RunningServer, running_server
 
-SECRET = "test-secret-shared-by-replicas"
+SECRET = "test-secret-shared-by-replicas-0123456789"
 FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--state-secret", SECRET]
 TOOLS = [
     {
