@@ -1,5 +1,7 @@
 """Sustained load on a 2-worker server: renders (1k-32k tokens, some with tools) beside 256
-concurrent streaming derenders, for --duration seconds. Not a test: run it by hand.
+concurrent streaming derenders, for --duration seconds, with hostile clients alongside: slowloris
+connections that never finish their headers and clients sending oversized or too many headers.
+Not a test: run it by hand.
 
     PYTHONPATH=. python bench/load.py --duration 600
 
@@ -104,9 +106,12 @@ def rss_bytes(pids: list[int]) -> int:
 
 
 class Recorder:
+    """Latencies and errors of the well-behaved clients; what the hostile ones got, apart."""
+
     def __init__(self) -> None:
         self.latency: dict[str, list[float]] = {}
         self.errors: Counter[str] = Counter()
+        self.hostile: Counter[str] = Counter()
         self.streams_done = 0
 
     def ok(self, kind: str, seconds: float) -> None:
@@ -213,11 +218,78 @@ async def stream_worker(
             rec.streams_done += 1
 
 
-async def sample_rss(root: int, stop: float, samples: list[tuple[float, int, int]]) -> None:
+async def slowloris_worker(host: str, port: int, rec: Recorder, stop: float) -> None:
+    """One connection at a time that sends a header line a second and never ends its headers;
+    the server must close it (--header-timeout), and the client then opens the next."""
+    while time.monotonic() < stop:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError as exc:
+            rec.hostile[f"slowloris: connect {type(exc).__name__}"] += 1
+            await asyncio.sleep(1)
+            continue
+        opened = time.monotonic()
+        outcome = "still open at the end"
+        try:
+            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+            while time.monotonic() < stop:
+                writer.write(b"X-Slow: 1\r\n")
+                await writer.drain()
+                try:
+                    answer = await asyncio.wait_for(reader.read(200), 1.0)
+                except TimeoutError:
+                    continue
+                status = answer[9:12].decode(errors="replace") if answer else "closed"
+                outcome = f"answered {status}" if answer else "closed without answer"
+                break
+        except OSError as exc:
+            outcome = f"reset ({type(exc).__name__})"
+        finally:
+            writer.close()
+        rec.hostile[f"slowloris: {outcome}"] += 1
+        if outcome != "still open at the end":
+            rec.ok("slowloris connection lifetime", time.monotonic() - opened)
+
+
+async def big_header_worker(
+    host: str, port: int, rec: Recorder, stop: float, rng: random.Random
+) -> None:
+    """Requests with a 1-16 MB header, or 20,000 headers, one after another: each must get 431."""
+    while time.monotonic() < stop:
+        if rng.random() < 0.5:
+            headers = b"X-Big: " + b"a" * rng.randint(1 << 20, 16 << 20) + b"\r\n"
+            kind = "oversized header"
+        else:
+            headers = b"".join(b"X-H%d: v\r\n" % i for i in range(20_000))
+            kind = "20,000 headers"
+        request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"Connection: close\r\n\r\n"
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError as exc:
+            rec.hostile[f"{kind}: connect {type(exc).__name__}"] += 1
+            await asyncio.sleep(1)
+            continue
+        try:
+            writer.write(request)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(200), 30)
+            status = answer[9:12].decode(errors="replace") if answer else "closed"
+            rec.hostile[f"{kind}: {status}"] += 1
+        except (OSError, TimeoutError) as exc:
+            rec.hostile[f"{kind}: {type(exc).__name__}"] += 1
+        finally:
+            writer.close()
+        await asyncio.sleep(0.5)
+
+
+async def sample_rss(root: int, stop: float, samples: list[tuple[float, int, int, float]]) -> None:
+    """Every 5 s: the server's processes, their RSS, and the machine's 1-minute load average."""
     start = time.monotonic()
     while time.monotonic() < stop:
         pids = process_tree(root)
-        samples.append((round(time.monotonic() - start, 1), len(pids), rss_bytes(pids)))
+        samples.append(
+            (round(time.monotonic() - start, 1), len(pids), rss_bytes(pids), os.getloadavg()[0])
+        )
         await asyncio.sleep(5)
 
 
@@ -237,7 +309,7 @@ async def drive(url: str, root: int, args: argparse.Namespace) -> dict[str, Any]
         probe = (await client.post("/tokenize", json={"prompt": PARAGRAPH * 40})).json()["count"]
         chars_per_token = len(PARAGRAPH * 40) / probe
         rec = Recorder()
-        samples: list[tuple[float, int, int]] = []
+        samples: list[tuple[float, int, int, float]] = []
         started = time.monotonic()
         stop = started + args.duration
         tasks = [asyncio.create_task(sample_rss(root, stop, samples))]
@@ -252,6 +324,17 @@ async def drive(url: str, root: int, args: argparse.Namespace) -> dict[str, Any]
                 stream_worker(client, rec, stop, random.Random(rng.random()), prompt, output, i)
             )
             for i in range(args.streams)
+        ]
+        host, port = url.removeprefix("http://").split(":")
+        tasks += [
+            asyncio.create_task(slowloris_worker(host, int(port), rec, stop))
+            for _ in range(args.slowloris)
+        ]
+        tasks += [
+            asyncio.create_task(
+                big_header_worker(host, int(port), rec, stop, random.Random(rng.random()))
+            )
+            for _ in range(args.big_headers)
         ]
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - started
@@ -271,7 +354,16 @@ async def drive(url: str, root: int, args: argparse.Namespace) -> dict[str, Any]
             for kind, v in sorted(rec.latency.items())
         },
         "errors": dict(rec.errors),
-        "rss": [{"t_s": t, "processes": n, "rss_mb": round(b / 2**20, 1)} for t, n, b in samples],
+        "hostile": dict(rec.hostile),
+        "rss": [
+            {"t_s": t, "processes": n, "rss_mb": round(b / 2**20, 1), "load1": round(load, 2)}
+            for t, n, b, load in samples
+        ],
+        "load_average": (
+            f"min {min(s[3] for s in samples):.1f}, median {statistics.median(s[3] for s in samples):.1f}, max {max(s[3] for s in samples):.1f}"
+            if samples
+            else ""
+        ),
     }
 
 
@@ -313,7 +405,8 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> Path:
         f"# Load test, {result['started_utc']}",
         "",
         f"Command: `PYTHONPATH=. python bench/load.py --duration {args.duration} "
-        f"--streams {args.streams} --renders {args.renders} --workers {args.workers}`",
+        f"--streams {args.streams} --renders {args.renders} --workers {args.workers} "
+        f"--slowloris {args.slowloris} --big-headers {args.big_headers}`",
         "",
         f"Server: qwen3 ({' '.join(FLAGS)}), {args.workers} worker processes, on a 2-core machine "
         "shared with other jobs; the load client runs on the same cores.",
@@ -329,8 +422,16 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> Path:
             f"| {kind} | {s['count']} | {s['per_s']} | {s['p50_ms']} | {s['p99_ms']} | {s['max_ms']} |"
         )
     total_errors = sum(result["errors"].values())
-    lines += ["", f"Errors: {total_errors}"]
+    lines += ["", f"Errors of the well-behaved clients: {total_errors}"]
     lines += [f"- {k}: {v}" for k, v in sorted(result["errors"].items())]
+    lines += [
+        "",
+        f"Hostile clients alongside ({args.slowloris} slowloris connections, {args.big_headers} "
+        "oversized-header clients), what they got:",
+    ]
+    lines += [f"- {k}: {v}" for k, v in sorted(result["hostile"].items())]
+    if result.get("load_average"):
+        lines += ["", f"Load average (1 min) during the run: {result['load_average']}"]
     if warm:
         mbs = [s["rss_mb"] for s in warm]
         lines += [
@@ -338,10 +439,10 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> Path:
             f"RSS (sum over {warm[-1]['processes']} server processes) after warm-up: "
             f"first {mbs[0]} MB, min {min(mbs)} MB, max {max(mbs)} MB, last {mbs[-1]} MB.",
         ]
-    lines += ["", "| t (s) | processes | RSS MB |", "|---:|---:|---:|"]
+    lines += ["", "| t (s) | processes | RSS MB | load (1 min) |", "|---:|---:|---:|---:|"]
     step = max(1, len(rss) // 20)
     for s in rss[::step] + ([rss[-1]] if rss and (len(rss) - 1) % step else []):
-        lines.append(f"| {s['t_s']} | {s['processes']} | {s['rss_mb']} |")
+        lines.append(f"| {s['t_s']} | {s['processes']} | {s['rss_mb']} | {s.get('load1', '')} |")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem.with_suffix(".md")
 
@@ -352,6 +453,10 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=256, help="concurrent streaming derenders")
     parser.add_argument("--renders", type=int, default=4, help="concurrent render clients")
     parser.add_argument("--workers", type=int, default=2, help="server processes")
+    parser.add_argument("--slowloris", type=int, default=16, help="slowloris connections")
+    parser.add_argument(
+        "--big-headers", type=int, default=2, help="clients sending oversized or too many headers"
+    )
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
