@@ -27,7 +27,23 @@ from render_service.model import templating
 from render_service.model.default_model import ensure_default_model
 from render_service.model.tokenizing import SegmentEncoder, stretch_bytes
 
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron".split()
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+]
 
 
 @pytest.fixture(scope="module")
