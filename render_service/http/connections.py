@@ -15,8 +15,11 @@ every connection. ``LimitedHttpToolsProtocol`` adds the four, per server process
 Each refusal is vLLM's error body with ``Connection: close``, followed by a lingering close as
 nginx does it: the server stops writing and reads and drops what the client still sends (at
 most ``_LINGER_BYTES`` for ``_LINGER_SECONDS``), since closing a socket with unread input
-resets the connection and the client may never read the answer. uvicorn is given the class by its
-import path; the worker's app factory sets the limits (``configure``) before uvicorn serves.
+resets the connection and the client may never read the answer. An app response that completes
+before its request's body has all arrived (the 413 of --max-body-bytes, a 408) ends the same
+way: the rest of the body is dropped unparsed and the connection closes. uvicorn is given the
+class by its import path; the worker's app factory sets the limits (``configure``) before uvicorn
+serves.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused: bytes | None = None
+        self._lingering = False
         self._discarded = 0
 
     # ---- connections ----------------------------------------------------------------------
@@ -125,7 +129,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._refused is not None:  # refused and lingering: drop the input, parse nothing
+        if self._lingering:  # answered and closing: drop the input, parse nothing
             self._discarded += len(data)
             if self._discarded > _LINGER_BYTES:
                 self.transport.close()
@@ -176,6 +180,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._raw_header_bytes = 0
         self._cancel_header_timer()
         super().on_headers_complete()
+        if self.cycle is not None:  # its task has not run yet: it sees only this transport
+            self.cycle.transport = _CycleTransport(self.transport, self)  # type: ignore[assignment]
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._body_unfinished():  # a kept-alive answer before the body: close, lingering
+            self._linger()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -212,6 +223,20 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused is None or self.transport.is_closing():
             return
         self.transport.write(self._refused)
+        self._linger()
+
+    def _body_unfinished(self) -> bool:
+        """The current request's body has not all arrived (the answer went out before it)."""
+        cycle = self.cycle
+        return cycle is not None and cycle.more_body and not cycle.disconnected
+
+    def _linger(self) -> None:
+        """Close once what was written is sent, dropping what the client still sends meanwhile
+        (at most ``_LINGER_BYTES`` for ``_LINGER_SECONDS``)."""
+        if self._lingering or self.transport.is_closing():
+            return
+        self._lingering = True
+        self._cancel_header_timer()
         if not self.transport.can_write_eof():
             self.transport.close()
             return
@@ -242,3 +267,22 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             "server's limit (--header-timeout).",
             "RequestTimeoutError",
         )
+
+
+class _CycleTransport:
+    """The connection's transport as a request cycle sees it: closing it while the request's
+    body is still arriving lingers (``LimitedHttpToolsProtocol._linger``) instead of resetting
+    the connection under the client's answer."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: LimitedHttpToolsProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        if self._protocol._body_unfinished():
+            self._protocol._linger()
+        else:
+            self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

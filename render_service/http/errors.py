@@ -13,7 +13,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from render_service.errors import LimitExceeded, RenderServiceError, RequestTimeout, Unauthorized
+from render_service.errors import (
+    BodyTooLarge,
+    LimitExceeded,
+    RenderServiceError,
+    RequestTimeout,
+    Unauthorized,
+)
 from render_service.http.auth import ApiKey
 from render_service.http.responses import MsgspecResponse
 from render_service.protocol.server import (
@@ -34,7 +40,10 @@ _INTERNAL = ErrorResponse(
 def error_response(exc: RenderServiceError) -> Response:
     """vLLM's error body, with the HTTP status equal to ``error.code``."""
     info = ErrorInfo(message=exc.message, type=exc.error_type, param=exc.param, code=exc.status)
-    return MsgspecResponse(ErrorResponse(error=info), status_code=exc.status)
+    # The rest of a refused body is never read: the connection closes after the answer (with a
+    # lingering close, http.connections), and says so.
+    headers = {"connection": "close"} if isinstance(exc, BodyTooLarge) else None
+    return MsgspecResponse(ErrorResponse(error=info), status_code=exc.status, headers=headers)
 
 
 def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Handler:

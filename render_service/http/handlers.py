@@ -119,19 +119,6 @@ def _small(body: DerenderChatStreamWire) -> bool:
     return ids <= _INLINE_IDS
 
 
-# A refused body up to this multiple of --max-body-bytes is read and dropped (see Service.body).
-_DRAIN_FACTOR = 4
-
-
-async def _discard(request: Request, limit: int) -> None:
-    """Read and drop the rest of the body, up to ``limit`` bytes."""
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return
-
-
 class _StreamFlag(msgspec.Struct):
     """Just the ``stream`` field, to pick the batch or streaming derender body type."""
 
@@ -187,21 +174,16 @@ class Service:
         too_large = BodyTooLarge(
             f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
         )
-        # A body only somewhat over the limit is read and dropped before the 413, as nginx does:
-        # closing a connection with unread input resets it, and the client may never read the
-        # answer. Beyond the drain bound the answer goes out at once.
-        drain = _DRAIN_FACTOR * self.max_body_bytes
+        # The 413 goes out at once; the rest of the body is then dropped unread while the
+        # connection closes (a lingering close, http.connections), so the client can read it.
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            if int(declared) <= drain:
-                await _discard(request, drain)
             raise too_large
         chunks = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > self.max_body_bytes:
-                await _discard(request, drain - size)
                 raise too_large
             chunks.append(chunk)
         data = b"".join(chunks)

@@ -156,16 +156,18 @@ def test_connections_over_the_cap_get_503(server: RunningServer) -> None:
     assert_serves(server)
 
 
+@pytest.mark.parametrize("connection", ["close", "keep-alive"])
 @pytest.mark.parametrize("size", [1_500_000, 3_000_000])
 def test_a_body_over_the_limit_sent_in_one_piece_gets_a_readable_413(
-    server: RunningServer, size: int
+    server: RunningServer, size: int, connection: str
 ) -> None:
     body = b'{"messages": [{"role": "user", "content": "' + b"x" * size + b'"}]}'
     head = (
         f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: {connection}\r\n\r\n"
     ).encode()
     answer = exchange(server, head + body)  # sendall raises if the server resets the connection
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert b"--max-body-bytes" in answer
+    assert b"\r\nconnection: close\r\n" in answer.lower()  # the unread rest is never parsed
     assert_serves(server)
