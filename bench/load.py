@@ -282,14 +282,32 @@ async def big_header_worker(
         await asyncio.sleep(0.5)
 
 
-async def sample_rss(root: int, stop: float, samples: list[tuple[float, int, int, float]]) -> None:
-    """Every 5 s: the server's processes, their RSS, and the machine's 1-minute load average."""
+async def cache_bytes(client: httpx.AsyncClient) -> int:
+    """The server's cache sizes from /metrics (``render_service_cache_bytes``, all caches), or -1."""
+    try:
+        text = (await client.get("/metrics")).text
+    except httpx.HTTPError:
+        return -1
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("render_service_cache_bytes{")
+    )
+
+
+async def sample_rss(
+    root: int,
+    stop: float,
+    samples: list[tuple[float, int, int, float, int]],
+    client: httpx.AsyncClient,
+) -> None:
+    """Every 5 s: the server's processes, their RSS, the machine's 1-minute load average, and
+    the caches' bytes as /metrics reports them (bounded by the cache budgets)."""
     start = time.monotonic()
     while time.monotonic() < stop:
         pids = process_tree(root)
-        samples.append(
-            (round(time.monotonic() - start, 1), len(pids), rss_bytes(pids), os.getloadavg()[0])
-        )
+        t, rss, load = round(time.monotonic() - start, 1), rss_bytes(pids), os.getloadavg()[0]
+        samples.append((t, len(pids), rss, load, await cache_bytes(client)))
         await asyncio.sleep(5)
 
 
@@ -309,10 +327,10 @@ async def drive(url: str, root: int, args: argparse.Namespace) -> dict[str, Any]
         probe = (await client.post("/tokenize", json={"prompt": PARAGRAPH * 40})).json()["count"]
         chars_per_token = len(PARAGRAPH * 40) / probe
         rec = Recorder()
-        samples: list[tuple[float, int, int, float]] = []
+        samples: list[tuple[float, int, int, float, int]] = []
         started = time.monotonic()
         stop = started + args.duration
-        tasks = [asyncio.create_task(sample_rss(root, stop, samples))]
+        tasks = [asyncio.create_task(sample_rss(root, stop, samples, client))]
         tasks += [
             asyncio.create_task(
                 render_worker(client, rec, stop, random.Random(rng.random()), chars_per_token)
@@ -356,8 +374,14 @@ async def drive(url: str, root: int, args: argparse.Namespace) -> dict[str, Any]
         "errors": dict(rec.errors),
         "hostile": dict(rec.hostile),
         "rss": [
-            {"t_s": t, "processes": n, "rss_mb": round(b / 2**20, 1), "load1": round(load, 2)}
-            for t, n, b, load in samples
+            {
+                "t_s": t,
+                "processes": n,
+                "rss_mb": round(b / 2**20, 1),
+                "load1": round(load, 2),
+                "cache_mb": round(c / 2**20, 1) if c >= 0 else None,
+            }
+            for t, n, b, load, c in samples
         ],
         "load_average": (
             f"min {min(s[3] for s in samples):.1f}, median {statistics.median(s[3] for s in samples):.1f}, max {max(s[3] for s in samples):.1f}"
@@ -439,10 +463,20 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> Path:
             f"RSS (sum over {warm[-1]['processes']} server processes) after warm-up: "
             f"first {mbs[0]} MB, min {min(mbs)} MB, max {max(mbs)} MB, last {mbs[-1]} MB.",
         ]
-    lines += ["", "| t (s) | processes | RSS MB | load (1 min) |", "|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "Caches MB: `render_service_cache_bytes` from /metrics, summed over caches and worker "
+        "processes (the caches' own estimate of the memory they hold).",
+        "",
+        "| t (s) | processes | RSS MB | caches MB | load (1 min) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     step = max(1, len(rss) // 20)
     for s in rss[::step] + ([rss[-1]] if rss and (len(rss) - 1) % step else []):
-        lines.append(f"| {s['t_s']} | {s['processes']} | {s['rss_mb']} | {s.get('load1', '')} |")
+        lines.append(
+            f"| {s['t_s']} | {s['processes']} | {s['rss_mb']} | {s.get('cache_mb', '')} "
+            f"| {s.get('load1', '')} |"
+        )
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     return stem.with_suffix(".md")
 
