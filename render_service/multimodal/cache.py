@@ -18,6 +18,8 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+from render_service.caches import CacheSize
+
 
 class Patches(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     rows: NDArray[np.uint8]  # read-only
@@ -57,6 +59,9 @@ class PatchCache:
                 self.size_bytes -= evicted.rows.nbytes
             self._entries[key] = patches
             self.size_bytes += size
+
+    def size(self) -> CacheSize:
+        return CacheSize(name="images", entries=len(self._entries), bytes=self.size_bytes)
 
 
 @functools.cache

@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from render_service.caches import CacheSize
 from render_service.errors import InvalidRequest, invalid_param
 from render_service.multimodal import serialize, work
+from render_service.multimodal.cache import patch_cache
 from render_service.multimodal.fetch import (
     FetchLimits,
     MediaError,
@@ -213,6 +215,18 @@ class MediaPipeline:
             pool.submit(work.ready)
         return pool
 
+    @property
+    def cache_bytes(self) -> int:
+        """The processed-image cache's budget (--mm-processor-cache-gb; 0: off)."""
+        return int(self.settings.mm_processor_cache_gb * (1 << 30))
+
+    def caches(self) -> list[CacheSize]:
+        """The processed-image cache's size when image work runs in this process's threads (a
+        media worker process keeps its own, not seen from here)."""
+        if self.cache_bytes <= 0 or not isinstance(self.pool, WarmThreadPool):
+            return []
+        return [patch_cache(self.cache_bytes).size()]
+
     def close(self) -> None:
         """Stop the media pool's workers (queued work is dropped)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -339,7 +353,7 @@ class MediaPipeline:
                 uuid=part.uuid,
                 max_pixels=max_pixels,
                 slices=slices,
-                cache_bytes=int(self.settings.mm_processor_cache_gb * (1 << 30)),
+                cache_bytes=self.cache_bytes,
             )
             for part, data in zip(parts, contents, strict=True)
         ]

@@ -100,6 +100,8 @@ class Renderer:
             sizes.insert(0, CacheSize(name="segments", entries=len(segments), bytes=segments.bytes))
         if self.parsing is not None:
             sizes.append(self.parsing.parsers.size())
+        if self.multimodal is not None:
+            sizes += self.multimodal.caches()
         return sizes
 
     @property

@@ -33,6 +33,24 @@ def test_least_recently_used_goes_first_and_bytes_stay_bounded() -> None:
     assert cache.size_bytes == 80
     cache.put("huge", patches(101))
     assert cache.get("huge") is None and cache.size_bytes == 80
+    size = cache.size()  # what /metrics reports as render_service_cache_bytes{cache="images"}
+    assert (size.name, size.entries, size.bytes) == ("images", 2, 80)
+
+
+def test_the_pipeline_reports_its_in_process_cache() -> None:
+    settings = Settings(model="test-vl", media_executor="thread", mm_processor_cache_gb=CACHE_GB)
+    pipe = MediaPipeline("test-vl", VisionConfig(), settings)
+    try:
+        prepare(
+            {"mm_processor_cache_gb": CACHE_GB}, chat_body(data_url(image_bytes(28, 28, seed=41)))
+        )
+        [size] = pipe.caches()
+        assert size == patch_cache(int(CACHE_GB * (1 << 30))).size() and size.bytes > 0
+        off = MediaPipeline("test-vl", VisionConfig(), Settings(model="test-vl"))
+        assert off.caches() == []  # no budget, no cache
+        off.close()
+    finally:
+        pipe.close()
 
 
 def prepare(flags: dict[str, Any], body: dict[str, Any]) -> MediaBatch:
