@@ -397,6 +397,7 @@ def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.P
         sys.executable, "-m", "render_service", "serve", str(args.model), *FLAGS,
         "--workers", str(args.workers), "--host", "127.0.0.1", "--port", str(port),
         "--state-secret", "load-test-secret-0123456789abcdef", "--log-level", "warning",
+        *args.server_flag,
     ]  # fmt: skip
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -430,7 +431,9 @@ def write_report(result: dict[str, Any], args: argparse.Namespace) -> Path:
         "",
         f"Command: `PYTHONPATH=. python bench/load.py --duration {args.duration} "
         f"--streams {args.streams} --renders {args.renders} --workers {args.workers} "
-        f"--slowloris {args.slowloris} --big-headers {args.big_headers}`",
+        f"--slowloris {args.slowloris} --big-headers {args.big_headers}"
+        + "".join(f" --server-flag={flag}" for flag in args.server_flag)
+        + "`",
         "",
         f"Server: qwen3 ({' '.join(FLAGS)}), {args.workers} worker processes, on a 2-core machine "
         "shared with other jobs; the load client runs on the same cores.",
@@ -490,6 +493,12 @@ def main() -> None:
     parser.add_argument("--slowloris", type=int, default=16, help="slowloris connections")
     parser.add_argument(
         "--big-headers", type=int, default=2, help="clients sending oversized or too many headers"
+    )
+    parser.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        help="one more server argument (repeat it), e.g. --server-flag=--segment-cache-bytes=8388608",
     )
     parser.add_argument("--model", type=Path, default=MODEL)
     parser.add_argument("--seed", type=int, default=0)
