@@ -102,8 +102,10 @@ def chat_stream(
     chunks: Sequence[GenerateChunk],
     chat_token: str | None,
     chat_request: dict[str, Any] | None,
+    kind: str,
 ) -> tuple[list[ChatCompletionStreamResponse], str | None]:
-    """The chat stream machine over ``chunks``: one chat chunk each, and the chat state after."""
+    """The chat stream machine over ``chunks``: one chat chunk each, and the chat state after
+    (signed for ``kind``, the API's endpoint, so it continues nowhere else)."""
     answer = d.derender_chat_stream(
         DerenderChatStreamRequest(
             stream=True,
@@ -113,7 +115,8 @@ def chat_stream(
             prompt_tokens=body.prompt_tokens,
             prompt_token_ids=body.prompt_token_ids,
             chat_request=chat_request,
-        )
+        ),
+        kind,
     )
     if not isinstance(answer, ChatDerenderChunks):  # generate_chunks always gets the list form
         return [answer.chunk], answer.stream_state

@@ -194,5 +194,6 @@ def state_context(model: Model, settings: Settings, kind: str) -> bytes:
             settings.default_chat_template_kwargs,
             settings.reasoning_effort_map,
             settings.exclude_tools_when_tool_choice_none,
+            settings.tool_strict_level,
         ]
     )

@@ -280,9 +280,13 @@ def derender_messages_stream(
 ) -> MessagesDerenderEvents:
     """Generate chunks -> ``{"events": [...], "stream_state": ...}`` of Messages stream events."""
     chunks = stream_chunks(body.generate_chunk, body.generate_chunks)
-    chat_token, state = api_streams.split_state(d.streams.codec, body.stream_state, MessagesStream)
+    chat_token, state = api_streams.split_state(
+        d.streams.codecs["messages"], body.stream_state, MessagesStream
+    )
     chat_request = _chat_request(d, body.messages_request) if state is None else None
-    outs, chat_state = api_streams.chat_stream(d, body, chunks, chat_token, chat_request)
+    outs, chat_state = api_streams.chat_stream(
+        d, body, chunks, chat_token, chat_request, "messages"
+    )
     if state is None:
         state = MessagesStream(
             message_id=chunks[0].request_id,
@@ -295,5 +299,5 @@ def derender_messages_stream(
         new_tokens = len(api_streams.chunk_ids(chunk))
         state, more = step(state, model, delta, finish, stop, new_tokens)
         events.extend(more)
-    token = api_streams.join_state(d.streams.codec, chat_state, state)
+    token = api_streams.join_state(d.streams.codecs["messages"], chat_state, state)
     return MessagesDerenderEvents(events=events, stream_state=token)

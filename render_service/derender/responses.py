@@ -557,7 +557,7 @@ def derender_responses_stream(
     """Generate chunks -> ``{"events": [...], "stream_state": ...}`` of Responses stream events."""
     chunks = stream_chunks(body.generate_chunk, body.generate_chunks)
     chat_token, stream = api_streams.split_state(
-        d.streams.codec, body.stream_state, ResponsesStream
+        d.streams.codecs["responses"], body.stream_state, ResponsesStream
     )
     request = None
     if stream is None:
@@ -565,7 +565,9 @@ def derender_responses_stream(
             raise InvalidRequest(api_streams.MISSING_REQUEST.format(field="responses_request"))
         request = _responses_request(body.responses_request)
     chat_request = _chat_request(request) if request is not None else None
-    outs, chat_state = api_streams.chat_stream(d, body, chunks, chat_token, chat_request)
+    outs, chat_state = api_streams.chat_stream(
+        d, body, chunks, chat_token, chat_request, "responses"
+    )
     if stream is None:
         assert request is not None
         prompt_tokens = api_streams.prompt_tokens(body.prompt_tokens, body.prompt_token_ids)
@@ -585,5 +587,5 @@ def derender_responses_stream(
         stream, more = step(stream, delta, finish, len(ids), reasoning)
         stream = msgspec.structs.replace(stream, reasoning_depth=depth)
         events.extend(more)
-    token = api_streams.join_state(d.streams.codec, chat_state, stream)
+    token = api_streams.join_state(d.streams.codecs["responses"], chat_state, stream)
     return ResponsesDerenderEvents(events=events, stream_state=token)

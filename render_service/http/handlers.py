@@ -261,6 +261,7 @@ class Service:
             self.renderer.render_messages, body, request_id=request.headers.get("x-request-id")
         )
         metrics.observe_render((result,))
+        metrics.observe_caches(self.caches())
         return MsgspecResponse(result)
 
     async def render_responses(self, request: Request) -> Response:
@@ -269,6 +270,7 @@ class Service:
         self.limits.check_request(body)
         result = await self.run(self.renderer.render_responses, body)
         metrics.observe_render((result,))
+        metrics.observe_caches(self.caches())
         return MsgspecResponse(result)
 
     async def derender_messages(self, request: Request) -> Response:

@@ -27,6 +27,8 @@ from render_service.model.default_model import ensure_default_model
 CHAT = {"messages": [{"role": "user", "content": "Say hello."}]}
 CHAT_PATH = "/v1/chat/completions/derender"
 COMPLETIONS_PATH = "/v1/completions/derender"
+MESSAGES_PATH = "/v1/messages/derender"
+RESPONSES_PATH = "/v1/responses/derender"
 HELLO = [9707, 0, 21927]  # ids of the default model's vocabulary
 
 
@@ -85,6 +87,44 @@ def test_a_state_is_refused_by_the_other_endpoint(
         assert response.json()["error"]["param"] == "stream_state"
 
 
+@pytest.mark.parametrize(
+    "issued,used",
+    [(MESSAGES_PATH, RESPONSES_PATH), (RESPONSES_PATH, MESSAGES_PATH)],
+)
+def test_an_api_state_and_its_chat_part_continue_only_that_api(
+    client: TestClient, issued: str, used: str
+) -> None:
+    api = {MESSAGES_PATH: "messages_request", RESPONSES_PATH: "responses_request"}
+    requests = {
+        MESSAGES_PATH: {
+            "model": "m",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Hi"}],
+        },
+        RESPONSES_PATH: {"model": "m", "input": [{"role": "user", "content": "Hi"}]},
+    }
+    body: dict[str, Any] = {
+        "stream": True,
+        "generate_chunk": chunk(HELLO),
+        api[issued]: requests[issued],
+    }
+    first = client.post(issued, json=body)
+    assert first.status_code == 200, first.text
+    state = first.json()["stream_state"]
+    assert next_chunk(client, issued, state).status_code == 200
+    refused = client.post(
+        used,
+        json={"stream": True, "generate_chunk": chunk(HELLO), "stream_state": state},
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "stream_state"
+    # The chat machine's part of the state is signed for the API too: chat derender refuses it.
+    chat_part = state.rpartition("~")[0]
+    response = next_chunk(client, CHAT_PATH, chat_part)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "stream_state"
+
+
 def test_a_state_is_refused_by_another_model_with_the_same_name_secret_and_flags(
     model_dir: Path, client: TestClient
 ) -> None:
@@ -106,6 +146,7 @@ def test_the_state_context_names_kind_model_and_parser_flags(model_dir: Path) ->
     for change in (
         {"tool_call_parser": "hermes", "enable_auto_tool_choice": True},
         {"default_chat_template_kwargs": {"enable_thinking": False}},
+        {"tool_strict_level": "parameter"},
     ):
         changed = type(settings)(**{**_fields(settings), **change})
         assert state_context(renderer.model, changed, "chat") != base
