@@ -73,11 +73,7 @@ def resolve_model_path(model: str, revision: str | None = None, what: str = "mod
     try:
         return Path(snapshot_download(model, revision=revision, local_files_only=True))
     except Exception as exc:  # the hub client raises many types; all mean "not available here"
-        cached = (
-            "in the local hub cache"
-            if revision is None
-            else f"in the local hub cache at {revision!r}"
-        )
+        cached = "in the hub cache" if revision is None else f"in the hub cache at {revision!r}"
         raise FileNotFoundError(f"{what} {model!r} is neither a directory nor {cached}") from exc
 
 
