@@ -116,7 +116,7 @@ def chat_stream(
             prompt_token_ids=body.prompt_token_ids,
             chat_request=chat_request,
         ),
-        kind,
+        kind=kind,
     )
     if not isinstance(answer, ChatDerenderChunks):  # generate_chunks always gets the list form
         return [answer.chunk], answer.stream_state
