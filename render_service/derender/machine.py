@@ -81,7 +81,8 @@ class StreamStart(msgspec.Struct, frozen=True, array_like=True, gc=False):
     parse_request: ParseRequest | None
     parser: ChatState | None
     detok: DetokState
-    #: Digest of the prompt ids (it keys the stream's cache entries with the rest).
+    #: Digest of the prompt ids, and of the parser's prompt where it differs (it keys the
+    #: stream's cache entries with the rest).
     prompt: bytes
 
 
@@ -162,7 +163,7 @@ class ChoiceMachine:
         endpoint the stream belongs to (``streams.STREAM_KINDS``).
         """
         if stream:
-            start = self.begin(prompt_ids, options, parse_request)
+            start = self.begin(prompt_ids, options, parse_request, parser_prompt)
             return self.enter(start, request_id, index, kind)
         parser = self.parser(parse_request)
         parser_ids = prompt_ids if parser_prompt is None else parser_prompt
@@ -178,10 +179,21 @@ class ChoiceMachine:
         )
 
     def begin(
-        self, prompt_ids: Sequence[int], options: OutputOptions, parse_request: ParseRequest | None
+        self,
+        prompt_ids: Sequence[int],
+        options: OutputOptions,
+        parse_request: ParseRequest | None,
+        parser_prompt: Sequence[int] | None = None,
     ) -> StreamStart:
-        """A stream's start from its prompt and request, before it has an id (a derender seed)."""
+        """A stream's start from its prompt and request, before it has an id (a derender seed).
+
+        ``parser_prompt``: the prompt the parser sees, where it differs (the digest covers it).
+        """
         parser = self.parser(parse_request)
+        parser_ids = prompt_ids if parser_prompt is None else parser_prompt
+        prompt = _digest_ids(prompt_ids)
+        if parser_prompt is not None and list(parser_prompt) != list(prompt_ids):
+            prompt += _digest_ids(parser_prompt)
         return StreamStart(
             prompt_len=len(prompt_ids),
             options=options,
@@ -189,9 +201,9 @@ class ChoiceMachine:
                 parse_request,
                 parser is not None and parser.chat is not None and not parser.chat.tool_schemas,
             ),
-            parser=parser.start(prompt_ids) if parser is not None else None,
+            parser=parser.start(parser_ids) if parser is not None else None,
             detok=self._detok[options.skip_special_tokens].start(prompt_ids),
-            prompt=_digest_ids(prompt_ids),
+            prompt=prompt,
         )
 
     def enter(
