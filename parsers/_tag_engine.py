@@ -47,6 +47,7 @@ from parsers.events import (
 from parsers.family import FamilyState
 
 if TYPE_CHECKING:
+    from parsers.facts import TokenizerFacts
     from parsers.request import ParseRequest
 
 __all__ = [
@@ -124,6 +125,17 @@ class ArgScanner(Protocol):
     ) -> tuple[ArgScan, list[tuple[int, str]]]:
         """Read text; return the new state and operations (ARG_OPEN key, ARG_TEXT, ARG_CLOSE)."""
         ...
+
+
+def marker_kinds(facts: TokenizerFacts, ids: dict[int, int]) -> dict[int, tuple[int, str]]:
+    """Marker id -> (kind, spelling) for a family's `ids` (kind -> id); the tokenizer's other
+    special tokens are `K_DROP`, as vLLM's engine drops them."""
+    spellings = {token_id: spelling for spelling, token_id in facts.added_tokens.items()}
+    markers = {token_id: (kind, spellings[token_id]) for kind, token_id in ids.items()}
+    for token_id in facts.special_ids:
+        if token_id not in markers and token_id in spellings:
+            markers[token_id] = (K_DROP, spellings[token_id])
+    return markers
 
 
 class EngineSpec(msgspec.Struct, frozen=True, dict=True):

@@ -35,7 +35,6 @@ from parsers._tag_engine import (
     IGNORE,
     K_ARG_TAG,
     K_ARGS_OPEN,
-    K_DROP,
     K_TEXT,
     K_THINK_END,
     K_THINK_START,
@@ -49,6 +48,7 @@ from parsers._tag_engine import (
     START_REASONING,
     ArgScan,
     EngineSpec,
+    marker_kinds,
 )
 from parsers.engine_family import EngineFamily
 from parsers.facts import TokenizerFacts
@@ -112,11 +112,7 @@ def _spec(facts: TokenizerFacts) -> EngineSpec:
         K_TOOL_START: facts.marker_id("<tool_call>", family),
         K_TOOL_END: facts.marker_id("</tool_call>", family),
     }
-    spellings = {token_id: spelling for spelling, token_id in facts.added_tokens.items()}
-    markers = {token_id: (kind, spellings[token_id]) for kind, token_id in ids.items()}
-    for token_id in facts.special_ids:
-        if token_id not in markers and token_id in spellings:
-            markers[token_id] = (K_DROP, spellings[token_id])
+    markers = marker_kinds(facts, ids)
     literals = {spelling: K_TEXT for _, spelling in markers.values()}
     literals.update({_KEY_OPEN: K_ARGS_OPEN, _KEY_CLOSE: K_ARG_TAG})
     literals.update({_VALUE_OPEN: K_ARG_TAG, _VALUE_CLOSE: K_ARG_TAG})

@@ -45,7 +45,6 @@ from parsers._tag_engine import (
     K_ARG_TAG,
     K_CALL_END,
     K_CALL_OPEN,
-    K_DROP,
     K_NAME_END,
     K_TEXT,
     K_THINK_END,
@@ -61,6 +60,7 @@ from parsers._tag_engine import (
     REASONING,
     ArgScan,
     EngineSpec,
+    marker_kinds,
 )
 from parsers.engine_family import EngineFamily
 from parsers.facts import TokenizerFacts
@@ -165,11 +165,7 @@ def _spec(facts: TokenizerFacts) -> EngineSpec:
         K_TOOL_START: facts.marker_id(_BLOCK_OPEN, _FAMILY),
         K_TOOL_END: facts.marker_id(_BLOCK_CLOSE, _FAMILY),
     }
-    spellings = {token_id: spelling for spelling, token_id in facts.added_tokens.items()}
-    markers = {token_id: (kind, spellings[token_id]) for kind, token_id in ids.items()}
-    for token_id in facts.special_ids:
-        if token_id not in markers and token_id in spellings:
-            markers[token_id] = (K_DROP, spellings[token_id])
+    markers = marker_kinds(facts, ids)
     literals = {spelling: K_TEXT for _, spelling in markers.values()}
     literals.update(_LITERALS)
     return EngineSpec(
