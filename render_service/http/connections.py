@@ -107,6 +107,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._refused: bytes | None = None
         self._lingering = False
         self._discarded = 0
+        self.logger = _RefusalAwareLogger(self.logger, self)  # type: ignore[assignment]
 
     # ---- connections ----------------------------------------------------------------------
 
@@ -267,6 +268,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             "server's limit (--header-timeout).",
             "RequestTimeoutError",
         )
+
+
+class _RefusalAwareLogger:
+    """uvicorn's error logger without its parser-error warning for a request this protocol
+    refused: the refusal is the answer, and a warning per refused request is log volume any
+    client can drive."""
+
+    def __init__(self, logger: logging.Logger, protocol: LimitedHttpToolsProtocol) -> None:
+        self._logger = logger
+        self._protocol = protocol
+
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self._protocol._refused is None:
+            self._logger.warning(msg, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
 
 
 class _CycleTransport:

@@ -36,6 +36,7 @@ FLAGS = [
     "16",
 ]
 CHAT = "/v1/chat/completions/render"
+PARSER_WARNING = "Invalid HTTP request received."
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +83,22 @@ def assert_serves(server: RunningServer) -> None:
 def test_too_large_or_too_many_headers_get_431(
     server: RunningServer, headers: bytes, what: str
 ) -> None:
+    logged_before = server.log.stat().st_size
     answer = exchange(server, request(headers))
     assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert what.encode() in answer
     assert b'"code":431' in answer
     assert_serves(server)
+    # The refusal is the answer: no parser-error warning per refused request in the log.
+    assert PARSER_WARNING.encode() not in server.log.read_bytes()[logged_before:]
+
+
+def test_a_malformed_request_still_gets_uvicorns_400_and_warning(server: RunningServer) -> None:
+    logged_before = server.log.stat().st_size
+    answer = exchange(server, b"NOT A REQUEST\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert_serves(server)
+    assert PARSER_WARNING.encode() in server.log.read_bytes()[logged_before:]
 
 
 def test_headers_within_the_limits_are_served(server: RunningServer) -> None:
