@@ -126,11 +126,14 @@ def check_startup(settings: Settings) -> None:
                 f"the state secret is {len(secret.encode())} bytes; use at least "
                 f"{MIN_SECRET_BYTES} random bytes (openssl rand -hex 32)"
             )
+    from render_service.model.harmony import HARMONY_MODEL_TYPES
     from render_service.model.loading import (
         load_chat_template_arg,
         max_context_length,
+        read_json,
         resolve_model_path,
     )
+    from render_service.model.parser_setup import harmony_parser_flags
 
     path = _model_path(settings)
     tokenizer = path
@@ -143,6 +146,11 @@ def check_startup(settings: Settings) -> None:
             raise StartupError(str(exc)) from exc
     if not any((tokenizer / name).is_file() for name in _TOKENIZER_FILES):
         raise StartupError(f"{settings.tokenizer or settings.model!r} has no tokenizer files")
+    if read_json(path / "config.json").get("model_type") in HARMONY_MODEL_TYPES:
+        try:
+            harmony_parser_flags(settings)
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
     limit = max_context_length(path)
     if settings.max_model_len is not None and settings.max_model_len > limit:
         raise StartupError(

@@ -36,6 +36,26 @@ _PARSER_BYTES_PER_KEY_BYTE = 4
 _PARSER_OVERHEAD_BYTES = 4096
 
 
+def parser_flags(settings: Settings) -> tuple[str | None, str | None]:
+    """The reasoning and tool parser names the flags ask for (None: no such parser)."""
+    reasoning = settings.reasoning_parser
+    tool = settings.tool_call_parser if settings.enable_auto_tool_choice else None
+    return (reasoning if reasoning not in (None, "", "none") else None), tool
+
+
+def harmony_parser_flags(settings: Settings) -> tuple[str, str | None]:
+    """The parser names for a gpt-oss (Harmony) model: vLLM picks its Harmony reasoning parser
+    itself and refuses any other family (ValueError, with the flags to use)."""
+    reasoning, tool = parser_flags(settings)
+    reasoning = reasoning or HARMONY_REASONING
+    if reasoning != HARMONY_REASONING or tool not in (None, HARMONY_TOOLS):
+        raise ValueError(
+            f"gpt-oss output is Harmony: use --reasoning-parser {HARMONY_REASONING} "
+            f"(the default) and --tool-call-parser {HARMONY_TOOLS}"
+        )
+    return reasoning, tool
+
+
 @dataclass(frozen=True)
 class RenderHints:
     """What the configured parsers change in a rendered request (vLLM's adjust_request)."""
@@ -79,21 +99,10 @@ class ParsingSetup:
     def create(cls, model: Model, settings: Settings) -> ParsingSetup | None:
         """The setup for the server's flags, or None without parsers; the parsers are built
         once here, so a family that cannot serve this model fails at startup."""
-        reasoning = (
-            settings.reasoning_parser
-            if settings.reasoning_parser not in (None, "", "none")
-            else None
-        )
-        tool = settings.tool_call_parser if settings.enable_auto_tool_choice else None
+        reasoning, tool = parser_flags(settings)
         table: tuple[bytes, ...] = ()
         if model.harmony is not None:
-            # vLLM picks its gpt-oss reasoning parser itself and refuses any other family.
-            reasoning = reasoning or HARMONY_REASONING
-            if reasoning != HARMONY_REASONING or tool not in (None, HARMONY_TOOLS):
-                raise SystemExit(
-                    f"gpt-oss output is Harmony: use --reasoning-parser {HARMONY_REASONING} "
-                    f"(the default) and --tool-call-parser {HARMONY_TOOLS}"
-                )
+            reasoning, tool = harmony_parser_flags(settings)
             table = token_bytes(model.hf_backend)
         if reasoning is None and tool is None:
             return None

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from render_service import __version__
+from tests.golden import model_dir, needs_shared
 from tests.integration.server import REPO, RunningServer, free_port, running_server
 
 
@@ -104,3 +105,21 @@ def test_an_address_in_use_is_named(default_model_dir: Path) -> None:
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"render-service: cannot listen on 127.0.0.1:{port}: ")
     assert "Address already in use" in line
+
+
+@needs_shared
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--reasoning-parser", "qwen3"],
+        ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    ],
+    ids=["reasoning", "tools"],
+)
+def test_gpt_oss_with_another_parser_family_fails_before_any_worker(flags: list[str]) -> None:
+    out = serve(str(model_dir("gpt-oss")), "--port", str(free_port()), *flags)
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines() == [
+        "render-service: gpt-oss output is Harmony: use --reasoning-parser openai_gptoss "
+        "(the default) and --tool-call-parser openai"
+    ]

@@ -13,6 +13,7 @@ from render_service.errors import RenderServiceError
 from render_service.model.default_model import ensure_default_model
 from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.tokenize import DetokenizeRequest
+from tests.golden import model_dir, needs_shared
 
 
 @cache
@@ -111,3 +112,9 @@ def test_loss_mask_marks_assistant_tokens() -> None:
     assert trained == f"Hello!{end}Goodbye!{end}"
     assert mask.message_index[0] == 0 and mask.message_index[-1] == 4
     assert mask.boundaries[-1] == len(mask.token_ids)
+
+
+@needs_shared
+def test_gpt_oss_with_another_parser_family_is_a_value_error_not_an_exit() -> None:
+    with pytest.raises(ValueError, match="gpt-oss output is Harmony"):
+        Renderer.from_pretrained(str(model_dir("gpt-oss")), reasoning_parser="qwen3")
