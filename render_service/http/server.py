@@ -27,6 +27,8 @@ from render_service.settings import Settings
 # The path of the settings file the parent writes for its workers (the file, not the variable,
 # holds the secrets: environment variables reach every child process and /proc/PID/environ).
 SETTINGS_FILE_ENV = "RENDER_SERVICE_SETTINGS_FILE"
+# The pid of the process supervising worker processes (set only with more than one worker).
+SUPERVISOR_PID_ENV = "RENDER_SERVICE_SUPERVISOR_PID"
 # Read by prometheus_client when it is imported in each worker (render_service.http.metrics).
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # How long in-flight requests may run after SIGTERM before uvicorn cancels them. Keep it below
@@ -45,7 +47,11 @@ def create_app() -> Starlette:
     connections.configure(connections.ConnectionLimits.from_settings(settings))
     # Worker processes are spawned fresh: logging set up in the parent does not reach them.
     _configure_logging(settings.log_level)
-    renderer = Renderer.from_settings(settings)
+    try:
+        renderer = Renderer.from_settings(settings)
+    except Exception as exc:
+        _stop_server(f"{type(exc).__name__}: {exc}")
+        raise
     tune_thread_switching(renderer.multimodal is not None)
     app = build_app(renderer)
     # uvicorn calls this factory inside its capture_signals(), so its SIGTERM handler is in place
@@ -71,6 +77,28 @@ def tune_thread_switching(serves_images: bool) -> None:
     """Shorter GIL hand-overs for image servers; text-only servers keep Python's default."""
     if serves_images:
         sys.setswitchinterval(IMAGE_SWITCH_INTERVAL)
+
+
+def _failure_path(settings_path: str) -> str:
+    return os.path.join(os.path.dirname(settings_path), "worker-failure.txt")
+
+
+def _stop_server(reason: str) -> None:
+    """A worker that cannot build its app stops the whole server with the reason: every worker
+    would fail the same way, and uvicorn's supervisor respawns dead workers forever."""
+    with open(_failure_path(os.environ[SETTINGS_FILE_ENV]), "w", encoding="utf-8") as f:
+        f.write(" ".join(reason.split()))
+    supervisor = os.environ.get(SUPERVISOR_PID_ENV)
+    if supervisor is not None and int(supervisor) == os.getppid():
+        os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _worker_failure(settings_path: str) -> str | None:
+    try:
+        with open(_failure_path(settings_path), encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def _drained(signum: int, frame: FrameType | None) -> None:
@@ -187,22 +215,37 @@ def serve(settings: Settings) -> None:
         signal.signal(sig, _drained)
     with settings_file(settings) as path:
         os.environ[SETTINGS_FILE_ENV] = path
-        uvicorn.run(
-            "render_service.http.server:create_app",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=workers,
-            loop="uvloop",
-            # uvicorn's httptools protocol with header and connection limits.
-            http="render_service.http.connections:LimitedHttpToolsProtocol",
-            log_level=settings.log_level,
-            access_log=False,
-            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-            timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
-        )
-    if metrics_dir is not None:
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if workers > 1:
+            os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
+        try:
+            _run_uvicorn(settings, workers)
+        except (Exception, SystemExit):  # the app factory's error, with one in-process worker
+            if _worker_failure(path) is None:
+                raise
+            log.debug("the app could not be built", exc_info=True)
+        finally:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+        failure = _worker_failure(path)
+    if failure is not None:
+        raise StartupError(f"a worker process could not start: {failure}")
+
+
+def _run_uvicorn(settings: Settings, workers: int) -> None:
+    uvicorn.run(
+        "render_service.http.server:create_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=workers,
+        loop="uvloop",
+        # uvicorn's httptools protocol with header and connection limits.
+        http="render_service.http.connections:LimitedHttpToolsProtocol",
+        log_level=settings.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
+    )
 
 
 def startup_line(settings: Settings) -> str:

@@ -123,3 +123,20 @@ def test_gpt_oss_with_another_parser_family_fails_before_any_worker(flags: list[
         "render-service: gpt-oss output is Harmony: use --reasoning-parser openai_gptoss "
         "(the default) and --tool-call-parser openai"
     ]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_parser_the_model_cannot_serve_stops_the_server_with_one_line(
+    default_model_dir: Path, workers: str
+) -> None:
+    # Every worker fails the same way: uvicorn's supervisor used to respawn them forever.
+    out = serve(
+        str(default_model_dir),
+        *("--port", str(free_port()), "--workers", workers),
+        *("--enable-auto-tool-choice", "--tool-call-parser", "mistral"),
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "render-service: a worker process could not start: UnsupportedModelError: parser "
+        "'mistral' needs the token '[TOOL_CALLS]', which this tokenizer does not have"
+    )
