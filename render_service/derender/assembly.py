@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from parsers import (
     ContentDelta,
@@ -32,13 +33,21 @@ def chunk_usage(prompt_tokens: int | None, chunk: GenerateChunk) -> UsageInfo | 
     return UsageInfo.of(prompt or 0, chunk.usage.get("completion_tokens") or 0)
 
 
+#: A tool call's id from (request id, choice index, call index): the family's format.
+CallIds = Callable[[str, int, int], str]
+
+
 def message_parts(
-    answer: Message, request_id: str, index: int, options: OutputOptions
+    answer: Message,
+    request_id: str,
+    index: int,
+    options: OutputOptions,
+    call_ids: CallIds = tool_call_id,
 ) -> tuple[str | None, str | None, list[ToolCall]]:
     """Batch: the normalized answer (`ChatParser.batch_answer`) -> (reasoning, content, calls)."""
     calls = [
         ToolCall(
-            id=tool_call_id(request_id, index, call.index),
+            id=call_ids(request_id, index, call.index),
             function=FunctionCall(name=call.name, arguments=call.arguments),
         )
         for call in answer.tool_calls
@@ -49,7 +58,11 @@ def message_parts(
 
 
 def delta_parts(
-    events: list[Event], request_id: str, index: int, options: OutputOptions
+    events: list[Event],
+    request_id: str,
+    index: int,
+    options: OutputOptions,
+    call_ids: CallIds = tool_call_id,
 ) -> tuple[str | None, str | None, list[DeltaToolCall]]:
     """Streaming: events -> (reasoning, content, tool_calls) of one delta."""
     reasoning: list[str] = []
@@ -66,7 +79,7 @@ def delta_parts(
             if isinstance(event, ToolCallStart):
                 calls.append(
                     DeltaToolCall(
-                        id=tool_call_id(request_id, index, event.index),
+                        id=call_ids(request_id, index, event.index),
                         type="function",
                         index=event.index,
                         function=DeltaFunctionCall(name=event.name),

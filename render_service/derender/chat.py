@@ -132,7 +132,9 @@ def _message_choice(
             result.parser_end,
             lambda: parser.without_tools().parse_whole(parser_prompt, result.kept_ids, result.text),
         )
-        reasoning, content, calls = message_parts(answer, state.request_id, choice.index, options)
+        reasoning, content, calls = message_parts(
+            answer, state.request_id, choice.index, options, parser.tool_call_id
+        )
         if calls and finish_reason == "stop" and not options.named_tool:
             finish_reason = "tool_calls"
     hide = parser is not None and not options.include_reasoning
@@ -367,9 +369,12 @@ def _stream_choice(
     finished = choice.finish_reason is not None
     result = d.machine.step(state, choice, parser, finished=finished)
     options = state.options
-    reasoning, content, calls = delta_parts(result.events, chunk.request_id, choice.index, options)
     if parser is None:
-        content = result.text or None
+        reasoning, content, calls = None, result.text or None, []
+    else:
+        reasoning, content, calls = delta_parts(
+            result.events, chunk.request_id, choice.index, options, parser.tool_call_id
+        )
     finish_reason = choice.finish_reason
     parser_state = result.state.parser
     if (
