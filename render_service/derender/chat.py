@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from parsers import ChatParser, ParseRequest
+from parsers import ChatParser, ParseRequest, tool_call_id
 from render_service.derender import logprobs as lp
 from render_service.derender.assembly import chunk_usage, delta_parts, message_parts, now
 from render_service.derender.inputs import Check, StreamInputs, no_check
@@ -369,12 +369,15 @@ def _stream_choice(
     finished = choice.finish_reason is not None
     result = d.machine.step(state, choice, parser, finished=finished)
     options = state.options
+    reasoning, content, calls = delta_parts(
+        result.events,
+        chunk.request_id,
+        choice.index,
+        options,
+        parser.tool_call_id if parser is not None else tool_call_id,
+    )
     if parser is None:
-        reasoning, content, calls = None, result.text or None, []
-    else:
-        reasoning, content, calls = delta_parts(
-            result.events, chunk.request_id, choice.index, options, parser.tool_call_id
-        )
+        content = result.text or None
     finish_reason = choice.finish_reason
     parser_state = result.state.parser
     if (
