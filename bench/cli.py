@@ -73,6 +73,8 @@ def compare(args: argparse.Namespace) -> int:
     plan = QUICK if args.quick else FULL
     if args.stream_budget:
         plan = msgspec.structs.replace(plan, stream_budget_s=args.stream_budget)
+    if args.stream_n:
+        plan = msgspec.structs.replace(plan, stream_n=args.stream_n)
     model = Path(args.model).resolve()
     if not (model / "config.json").is_file():
         raise SystemExit(f"python -m bench compare: no model directory at {model}: {MODEL_HELP}")
@@ -181,6 +183,16 @@ def ours_command(template: str, model: str, port: int, flags: list[str]) -> list
     return words
 
 
+def _stream_lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of chunk counts: {text!r}") from None
+    if min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"not a list of chunk counts: {text!r}")
+    return lengths
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -211,6 +223,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=0.0,
         help="wall-time cap in s for one streaming-derender run (default: 45 quick, 600 full)",
+    )
+    cmp.add_argument(
+        "--stream-n",
+        type=_stream_lengths,
+        default=(),
+        help="streaming-derender lengths in chunks, e.g. 256,1024,4096 (default: the plan's)",
     )
     cmp.add_argument(
         "--workers", type=int, default=0, help="--workers for render-service (default: its own)"

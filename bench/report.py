@@ -416,6 +416,26 @@ def _multi_section(results: Results, notes: _Notes) -> list[str]:
         "",
         *_table(header, rows),
         "",
+        *_against_whole_streams(results),
+    ]
+
+
+def _against_whole_streams(results: Results) -> list[str]:
+    """Our multi-stream chunk against vLLM's average chunk over its longest finished stream
+    (what a chunk costs vLLM once its stream is long: its per-chunk cost grows with n)."""
+    finished = [r for r in results.stream_derender if r.system == PEER and r.outcome.ok and r.n]
+    ours = [r for r in results.multi_stream if r.system == OURS and _per_chunk_us(r) is not None]
+    if not finished or not ours:
+        return []
+    longest = max(finished, key=lambda r: r.n)
+    widest = max(ours, key=lambda r: r.streams)
+    peer_us = 1e6 * longest.server_cpu_s / longest.n
+    ours_us = _per_chunk_us(widest)
+    return [
+        f"Against whole streams: {PEER}'s server CPU per chunk over its {longest.n}-chunk stream "
+        f"(streaming derender above) is {peer_us:.0f} µs; ours at {widest.streams} streams in "
+        f"one call per step, {ours_us:.0f} µs: {_ratio(True, peer_us, ours_us)} less.",
+        "",
     ]
 
 
