@@ -76,7 +76,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """Server CPU time so far (user + system) of the whole process tree."""
-        return _tree_cpu_ticks(self.pid) / _CLK_TCK
+        return tree_cpu_seconds(self.pid)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL whatever is left after `grace_s`."""
@@ -97,6 +97,17 @@ def load_average() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "unknown"
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU time so far (user + system) of ``root`` and every process under it."""
+    return _tree_cpu_ticks(root) / _CLK_TCK
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU time so far (user + system) of ``pid`` alone, without its children."""
+    fields = _read_stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / _CLK_TCK
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

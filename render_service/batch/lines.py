@@ -33,10 +33,15 @@ class Answer(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class _Kind(msgspec.Struct):
-    """Just the keys that pick a line's body type."""
+    """Just the keys that pick a line's body type, left undecoded (the body is decoded next)."""
 
-    messages: Any = None
-    generate_responses: Any = None
+    messages: msgspec.Raw = msgspec.Raw()
+    generate_responses: msgspec.Raw = msgspec.Raw()
+
+
+def _given(value: msgspec.Raw) -> bool:
+    """Whether a key is present and not ``null``."""
+    return bytes(value) not in (b"", b"null")
 
 
 _kind = msgspec.json.Decoder(_Kind)
@@ -48,14 +53,14 @@ _encoder = msgspec.json.Encoder()
 
 
 def _render(renderer: Renderer, data: bytes) -> Any:
-    if _kind.decode(data).messages is not None:
+    if _given(_kind.decode(data).messages):
         return renderer.render_chat(decode_body(data, _chat))
     return renderer.render_completion(decode_body(data, _completion))
 
 
 def _derender(renderer: Renderer, data: bytes) -> Any:
     derenderer = renderer.derenderer
-    if _kind.decode(data).generate_responses is not None:
+    if _given(_kind.decode(data).generate_responses):
         return derenderer.derender_completion(decode_body(data, _derender_completion))
     return derenderer.derender_chat(decode_body(data, _derender_chat))
 

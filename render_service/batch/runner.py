@@ -20,6 +20,7 @@ import msgspec
 from tqdm import tqdm
 
 from render_service.batch.lines import Mode, answer_line, encode_answers
+from render_service.errors import RenderServiceError
 from render_service.library import Renderer
 from render_service.settings import Settings
 
@@ -41,18 +42,29 @@ class BatchError(Exception):
 
 # This process's renderer: the run's own with one worker, else each worker process's.
 _renderer: Renderer | None = None
+# Why this worker has no renderer (its model did not load): every chunk it gets says so.
+_load_error: str | None = None
 
 
 def _init_worker(settings: Settings) -> None:
-    # Built in the worker: a renderer's encoder threads do not survive a fork.
-    global _renderer
-    _renderer = Renderer.from_settings(settings)
+    # Built in the worker: a renderer's encoder threads do not survive a fork. Every worker
+    # loads at once, so a run with N workers starts as fast as one with a single worker.
+    global _renderer, _load_error
+    try:
+        _renderer = Renderer.from_settings(settings)
+    except Exception as exc:  # reported by the first chunk, as the run's error
+        _load_error = _describe(exc)
+
+
+def _describe(exc: Exception) -> str:
+    message = getattr(exc, "message", None)
+    return f"cannot load the model: {message or exc}"
 
 
 def _work(mode: Mode, first: int, lines: list[bytes]) -> tuple[bytes, int]:
     """A chunk's output lines and how many of them are errors."""
     if _renderer is None:
-        raise RuntimeError("batch worker has no renderer")
+        raise BatchError(_load_error or "batch worker has no renderer")
     answers = [answer_line(_renderer, mode, first + i, line) for i, line in enumerate(lines)]
     return encode_answers(answers), sum(a.error is not None for a in answers)
 
@@ -124,14 +136,16 @@ def run_batch(settings: Settings, options: BatchOptions) -> int:
     total = _count_lines(source)
     if done > total:
         raise BatchError(f"{target} has {done} lines, more than {source} ({total}): not its output")
-    workers = options.workers or os.cpu_count() or 1
+    workers = options.workers or _cores()
     global _renderer
-    _renderer = Renderer.from_settings(settings)  # fails fast on a bad model, before any worker
-    if workers > 1:
-        _renderer.close()
-        _renderer = None
+    if workers == 1:
+        try:
+            _renderer = Renderer.from_settings(settings)
+        except (RenderServiceError, OSError, ValueError) as exc:
+            raise BatchError(_describe(exc)) from exc
     bar = _progress(total, done, options.progress)
     errors = 0
+    existed = target.exists()
     try:
         with source.open("rb") as f, target.open("ab") as out:
             results = _results(options.mode, settings, workers, _chunks(f, done))
@@ -140,11 +154,22 @@ def run_batch(settings: Settings, options: BatchOptions) -> int:
                 out.flush()
                 errors += failed
                 bar.update(answered.count(b"\n"))
+    except BatchError:
+        if not existed and not target.stat().st_size:
+            target.unlink()  # the run never started: leave no empty output behind
+        raise
     finally:
         bar.close()
         if _renderer is not None:
             _renderer.close()
+            _renderer = None
     return errors
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _results(

@@ -139,3 +139,14 @@ def test_batch_refuses_a_negative_worker_count(tmp_path: Path, workers: str) -> 
     source.write_text("{}\n", encoding="utf-8")
     done = run_cli("render", str(source), str(tmp_path / "out.jsonl"), "--workers", workers)
     assert done.returncode == 2 and "--workers" in done.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_batch_stops_on_a_model_that_does_not_load(tmp_path: Path, workers: str) -> None:
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text('{"prompt": "hi"}\n', encoding="utf-8")
+    missing = str(tmp_path / "no model here")
+    done = run_cli("render", str(source), str(target), "--model", missing, "--workers", workers)
+    assert done.returncode == 1
+    assert "cannot load the model" in done.stderr and "no model here" in done.stderr
+    assert not target.exists()  # nothing was answered: no empty output to --resume
