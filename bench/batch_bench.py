@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from bench import loadgen, peer
+from bench.cli import PARSER_FLAGS
 from bench.library_bench import MODELS, REPO, _openai_messages, conversation
 from bench.servers import (
     Server,
@@ -44,13 +45,6 @@ from bench.servers import (
     tree_cpu_seconds,
 )
 
-PARSER_FLAGS = [
-    "--reasoning-parser",
-    "qwen3",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "hermes",
-]
 RENDER = "/v1/chat/completions/render"
 
 
