@@ -24,6 +24,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,47 +84,153 @@ def _cpu(pid: int) -> tuple[float, float]:
     return tree_cpu_seconds(pid), process_cpu_seconds(pid)
 
 
-def run_batch(model: Path, source: Path, target: Path, workers: int, lines: int) -> dict[str, Any]:
-    """One ``render-service batch render`` run, watched from outside."""
-    target.unlink(missing_ok=True)
-    command = [
+def batch_command(model: Path, source: Path, target: Path, *flags: str) -> list[str]:
+    return [
         sys.executable, "-m", "render_service", "batch", "render", str(source), str(target),
-        "--model", str(model), "--workers", str(workers), "--no-progress", *PARSER_FLAGS,
+        "--model", str(model), *PARSER_FLAGS, *flags,
     ]  # fmt: skip
+
+
+def watch(
+    command: list[str], target: Path, lines: int, interrupt_at: int | None = None
+) -> dict[str, Any]:
+    """Run one batch command and watch its output grow until it holds ``lines`` lines (or, with
+    ``interrupt_at``, Ctrl-C its process group once it holds that many)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     errors = target.with_suffix(".stderr")
+    seen = _count_lines(target, (0, 0))
+    before = seen[0]
     start = time.perf_counter()
     with errors.open("wb") as stderr:
-        process = subprocess.Popen(command, env=env, stderr=stderr)
-    seen = (0, 0)
-    # (time, lines, CPU seconds of the tree, of the parent alone) at the first output line
+        process = subprocess.Popen(command, env=env, stderr=stderr, start_new_session=True)
+    # (time, lines, CPU seconds of the tree, of the parent alone) at the first new output line
     first: tuple[float, int, float, float] | None = None
-    last: tuple[float, float, float] | None = None  # (time, CPUs) when every line is written
+    last: tuple[float, int, float, float] | None = None  # the same when the last line is out
     # os.wait4, not Popen.poll: it reaps the run with the CPU time of its whole process tree.
     while (waited := os.wait4(process.pid, os.WNOHANG))[0] == 0:
         time.sleep(0.02)
         seen = _count_lines(target, seen)
         now = time.perf_counter()
-        if first is None and seen[0] > 0:
+        if first is None and seen[0] > before:
             first = (now, seen[0], *_cpu(process.pid))
-        if last is None and seen[0] >= lines:
-            last = (now, *_cpu(process.pid))
+        if last is None and seen[0] >= (interrupt_at or lines):
+            last = (now, seen[0], *_cpu(process.pid))
+            if interrupt_at is not None:
+                os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
     wall = time.perf_counter() - start
-    process.returncode = os.waitstatus_to_exitcode(waited[1])
+    code = os.waitstatus_to_exitcode(waited[1])
     usage = waited[2]
-    if process.returncode != 0:
-        raise SystemExit(f"batch run failed ({process.returncode}): {errors.read_text()[-500:]}")
+    stderr_text = errors.read_text(errors="replace")
+    if code != 0 and interrupt_at is None:
+        raise SystemExit(f"batch run failed ({code}): {stderr_text[-500:]}")
+    seen = _count_lines(target, seen)
     row: dict[str, Any] = {
+        "exit_code": code,
+        "new_lines": seen[0] - before,
         "wall_s": wall,
-        "lines_per_s": lines / wall,
+        "lines_per_s": (seen[0] - before) / wall,
         "cores": (usage.ru_utime + usage.ru_stime) / wall,
+        # tqdm redraws its bar with \r: the last drawing is the bar at the end of the run
+        "progress": stderr_text.replace("\r", "\n").strip().splitlines()[-3:],
     }
     if first is not None and last is not None and last[0] > first[0]:
         steady = last[0] - first[0]
-        row["steady_lines_per_s"] = (lines - first[1]) / steady
-        row["steady_cores"] = (last[1] - first[2]) / steady
-        row["steady_parent_cores"] = (last[2] - first[3]) / steady
+        row["steady_lines_per_s"] = (last[1] - first[1]) / steady
+        row["steady_cores"] = (last[2] - first[2]) / steady
+        row["steady_parent_cores"] = (last[3] - first[3]) / steady
     return row
+
+
+def run_batch(model: Path, source: Path, target: Path, workers: int, lines: int) -> dict[str, Any]:
+    """One ``render-service batch render`` run from scratch, watched from outside."""
+    target.unlink(missing_ok=True)
+    flags = ("--workers", str(workers), "--no-progress")
+    return watch(batch_command(model, source, target, *flags), target, lines)
+
+
+# The 1% of malformed lines of the demonstration: bad JSON, a body vLLM would refuse, bytes that
+# are not UTF-8, an empty line.
+MALFORMED = (
+    b'{"messages": [ not json',
+    b'{"messages": []}',
+    b'{"messages": "hello", "tools": 3}',
+    b"\xff\xfe not utf-8",
+    b"",
+)
+
+
+class _Line(msgspec.Struct):
+    line: int
+    result: msgspec.Raw = msgspec.Raw()
+    error: msgspec.Raw = msgspec.Raw()
+
+
+def write_demo(path: Path, lines: int, seed: int) -> set[int]:
+    """``lines`` distinct requests, every line numbered ``100k + 50`` malformed: their numbers."""
+    rng = random.Random(seed)
+    broken = set()
+    with path.open("wb") as f:
+        for n in range(1, lines + 1):
+            if n % 100 == 50:
+                broken.add(n)
+                f.write(MALFORMED[(n // 100) % len(MALFORMED)] + b"\n")
+                continue
+            conv = conversation(rng, 1000, single_call=False)
+            body = {"messages": _openai_messages(conv), "tools": conv["tools"]}
+            f.write(msgspec.json.encode(body) + b"\n")
+    return broken
+
+
+def check_demo(target: Path, lines: int, broken: set[int]) -> str:
+    """Whether OUT answers every line once, in order, errors exactly on the malformed lines."""
+    decoder = msgspec.json.Decoder(_Line)
+    expected = 1
+    with target.open("rb") as f:
+        for raw in f:
+            answer = decoder.decode(raw)
+            if answer.line != expected:
+                return f"NO: line {answer.line} where {expected} was due"
+            if (len(answer.error) > 0) != (answer.line in broken) or (len(answer.result) > 0) == (
+                answer.line in broken
+            ):
+                return f"NO: line {answer.line} answered wrongly"
+            expected += 1
+    if expected != lines + 1:
+        return f"NO: {expected - 1} of {lines} lines answered"
+    return f"yes: {lines} lines in order, each once, errors on exactly the {len(broken)} malformed"
+
+
+def demo(args: argparse.Namespace, model: Path) -> None:
+    """A big file through ``batch render`` with its progress bar, Ctrl-C at 40%, ``--resume``."""
+    work = Path(tempfile.mkdtemp(prefix="batch-demo-"))
+    source, target = work / "requests.jsonl", work / "out.jsonl"
+    broken = write_demo(source, args.demo, args.seed)
+    size = source.stat().st_size
+    print(f"{args.demo} lines ({size / 1e6:.0f} MB, {len(broken)} malformed) in {source}")
+    workers = ("--workers", str(args.workers)) if args.workers else ()
+    parts = {}
+    load = {"start": load_average()}
+    command = batch_command(model, source, target, *workers)
+    parts["run, Ctrl-C at 40%"] = watch(command, target, args.demo, interrupt_at=args.demo * 2 // 5)
+    load["after the first part"] = load_average()
+    parts["--resume"] = watch([*command, "--resume"], target, args.demo)
+    load["end"] = load_average()
+    print(f"load average (1/5/15 min): {load}")
+    print(f"output check: {check_demo(target, args.demo, broken)}\n")
+    print("| part | exit | lines written | wall s | lines/s | cores busy | steady lines/s "
+          "| steady cores busy (parent) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for name, row in parts.items():
+        print(
+            f"| {name} | {row['exit_code']} | {row['new_lines']:,} | {row['wall_s']:.1f} "
+            f"| {row['lines_per_s']:,.0f} | {row['cores']:.2f} "
+            f"| {_cell(row.get('steady_lines_per_s'))} | {_cell(row.get('steady_cores'), 2)} "
+            f"({_cell(row.get('steady_parent_cores'), 2)}) |"
+        )
+    for name, row in parts.items():
+        print(f"\n{name}, the end of its stderr:")
+        for line in row["progress"]:
+            print(f"    {line}")
 
 
 def read_ids(target: Path) -> list[list[int] | None]:
@@ -207,8 +314,15 @@ def main() -> None:
     parser.add_argument("--model", default=str(MODELS / "qwen3"))
     parser.add_argument("--vllm-venv", default=None)
     parser.add_argument("--seed", type=int, default=21)
+    parser.add_argument(
+        "--demo", type=int, default=0, help="instead: the LINES-line run with 1%% malformed lines"
+    )
+    parser.add_argument("--workers", type=int, default=0, help="--demo's workers (default: all)")
     args = parser.parse_args()
     model = Path(args.model).resolve()
+    if args.demo:
+        demo(args, model)
+        return
     work = Path(tempfile.mkdtemp(prefix="batch-bench-"))
     source = work / "requests.jsonl"
     write_requests(source, args.lines, args.seed)
@@ -227,6 +341,7 @@ def main() -> None:
                 row = run_batch(model, source, target, workers, args.lines)
                 runs[name].append(row)
                 outputs[name] = read_ids(target)
+                row.pop("progress")
                 print(f"run {r + 1}: {name}: {json.dumps(row)}", flush=True)
             row, vllm_ids = run_vllm(server, bodies, args.clients)
             runs["vLLM"].append(row)

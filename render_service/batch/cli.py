@@ -52,6 +52,9 @@ def main(argv: Sequence[str]) -> None:
         errors = run_batch(settings, options)
     except (BatchError, OSError) as exc:
         sys.exit(f"render-service batch: {exc}")
+    except KeyboardInterrupt:
+        print("render-service batch: interrupted; --resume continues the run", file=sys.stderr)
+        sys.exit(130)
     if errors:
         print(f"render-service batch: {errors} line(s) answered with an error", file=sys.stderr)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections import deque
 from collections.abc import Iterator
@@ -70,6 +71,8 @@ def _load(settings: Settings) -> Model:
 def _init_worker(settings: Settings) -> None:
     # The renderer is built here, in the worker, around the model inherited from the run.
     global _renderer, _load_error
+    # Ctrl-C reaches the whole process group: the run alone stops, after the chunks in flight.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         _renderer = (
             Renderer.from_settings(settings) if _model is None else Renderer(_model, settings)

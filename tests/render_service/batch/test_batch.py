@@ -82,12 +82,16 @@ def test_batch_render_answers_every_line_in_order(tmp_path: Path) -> None:
     assert again.returncode != 0 and "--resume" in again.stderr  # never overwrites
 
 
-def test_batch_resumes_after_a_kill_without_duplicates(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["kill", "ctrl-c"])
+def test_batch_resumes_after_a_kill_without_duplicates(tmp_path: Path, stop: int) -> None:
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     broken = write_requests(source, 2000)
     command = [sys.executable, "-m", "render_service", "batch", "render", str(source), str(target)]
     process = subprocess.Popen(
-        [*command, "--workers", "2", "--no-progress"], start_new_session=True
+        [*command, "--workers", "2", "--no-progress"],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
@@ -96,8 +100,11 @@ def test_batch_resumes_after_a_kill_without_duplicates(tmp_path: Path) -> None:
         time.sleep(0.05)
     killed = process.poll() is None
     if killed:
-        os.killpg(process.pid, signal.SIGKILL)  # the run and its workers, mid-write maybe
-    process.wait(timeout=60)
+        # The run and its workers (a terminal's Ctrl-C reaches the whole group too).
+        os.killpg(process.pid, stop)
+    _, stderr = process.communicate(timeout=60)
+    if killed and stop == signal.SIGINT:
+        assert process.returncode == 130 and "--resume continues" in stderr
     written = target.read_bytes().count(b"\n")
     resumed = run_cli("render", str(source), str(target), "--resume", "--workers", "2")
     assert resumed.returncode == 0, resumed.stderr
