@@ -1,7 +1,8 @@
 """The batch run: stream IN.jsonl through worker processes into OUT.jsonl, in input order.
 
 Memory stays constant: lines are read as they are sent, and at most ``2 * workers`` chunks are
-in flight. OUT gets one line per input line, in order, so a run that was interrupted resumes
+in flight. The run process only reads, hands chunks to the workers and writes their answers; the
+workers, forked around the model the run loaded once, do the rendering. OUT gets one line per input line, in order, so a run that was interrupted resumes
 (``resume=True``) after the last complete output line without writing any line twice.
 """
 
@@ -40,7 +41,8 @@ class BatchOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BatchError(Exception):
-    """The run cannot start (the output exists without --resume, or is not ours to resume)."""
+    """The run cannot start or go on (the output exists without --resume or is not ours to
+    resume, or the model does not load)."""
 
 
 # This process's renderer: the run's own with one worker, else each worker process's.
@@ -60,8 +62,8 @@ class _ModelOnly(Renderer):
 
 
 def _load(settings: Settings) -> Model:
-    """The model, loaded once by the run: forked workers share its memory instead of each
-    loading it (half the start-up CPU of a 2-worker run)."""
+    """The model, loaded once by the run: forked workers share it instead of each loading it
+    again (a 2-worker run used to load it three times: about 9 CPU-seconds instead of 3)."""
     try:
         return _ModelOnly.from_settings(settings).model
     except (RenderServiceError, OSError, ValueError) as exc:
