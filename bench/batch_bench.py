@@ -138,6 +138,7 @@ def watch(
         row["steady_lines_per_s"] = (last[1] - first[1]) / steady
         row["steady_cores"] = (last[2] - first[2]) / steady
         row["steady_parent_cores"] = (last[3] - first[3]) / steady
+        row["per_cpu"] = (last[1] - first[1]) / max(last[2] - first[2], 1e-9)
     return row
 
 
@@ -273,6 +274,7 @@ def run_vllm(server: Server, bodies: list[bytes], clients: int) -> tuple[dict[st
         "lines_per_s": len(bodies) / wall,
         "cores": cpu / wall,
         "client_cores": own / wall,
+        "per_cpu": len(bodies) / max(cpu, 1e-9),
     }
     return row, ids
 
@@ -358,9 +360,9 @@ def main() -> None:
     print(f"{args.lines} lines of ~1k-token Qwen3 chats, medians of {args.runs} alternated runs\n")
     print(
         "| system | wall s | lines/s | ratio to vLLM | cores busy (whole run) "
-        "| steady lines/s | steady cores busy (parent) | ids = vLLM |"
+        "| steady lines/s | steady cores busy (parent) | lines per CPU-second | ids = vLLM |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rows in runs.items():
         rate = _median(rows, "lines_per_s") or 0.0
         label = f"vLLM render server, {args.clients} clients" if name == "vLLM" else name
@@ -373,7 +375,8 @@ def main() -> None:
         print(
             f"| {label} | {_cell(_median(rows, 'wall_s'), 1)} | {rate:,.0f} "
             f"| {rate / vllm_rate:.2f}x | {busy} | {_cell(_median(rows, 'steady_lines_per_s'))} "
-            f"| {_cell(_median(rows, 'steady_cores'), 2)}{parent} | {same} |"
+            f"| {_cell(_median(rows, 'steady_cores'), 2)}{parent} | {_cell(_median(rows, 'per_cpu'))} "
+            f"| {same} |"
         )
     steady = _median(runs["workers 2"], "steady_lines_per_s")
     if steady:
