@@ -185,8 +185,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int, Option("memory budget of the cached stream states per process, in bytes")
     ] = 64 * 1024 * 1024
     segment_cache_entries: Annotated[
-        int, Option("prompt text stretches whose ids are kept per process (0: off)")
-    ] = 4096
+        int,
+        Option(
+            "prompt text stretches (and chunks of long ones) whose ids are kept per process "
+            "(0: off)"
+        ),
+    ] = 65536
     segment_cache_bytes: Annotated[
         int, Option("memory budget of the cached prompt stretches per process, in bytes")
     ] = 64 * 1024 * 1024

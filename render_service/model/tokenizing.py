@@ -16,10 +16,16 @@ BPE families (Qwen, Llama 3, GPT-4o style) always end a pre-token there, and NFC
 across a space, so the ids do not change. Each tokenizer is checked on a sample at startup and
 parts are only used when the check passes. Stretches go through tiktoken's encoder where it
 reproduces this tokenizer (render_service/model/fast_bpe.py), else through ``tokenizers``.
+
+Under the same check, a long stretch is cached as chunks of about ``_CHUNK_CHARS``, cut at such
+places, each found from the text before it alone: a later stretch that begins the same way (the
+same document with another question, a message that grew) finds its first chunks cached and
+encodes only the rest.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import re
 import sys
@@ -39,6 +45,8 @@ _MIN_CACHED_CHARS = 64
 _ENTRY_OVERHEAD = 160
 # Stretches longer than this are encoded as parts in parallel (about 2,000 tokens a part).
 _PART_CHARS = 8192
+# A stretch at least twice this long is cached as chunks of about this many characters.
+_CHUNK_CHARS = 512
 # Where a long stretch may be cut: after a letter or digit, before a space and a letter.
 _CUT = re.compile(r"(?<=[^\W_]) (?=[^\W\d_])")
 _SAMPLE = (
@@ -79,6 +87,10 @@ class SegmentEncoder:
         )
         self.parallel = self.enabled and _cuts_are_safe(backend)
         self._fast = fast_bpe.build(backend.to_str(), backend) if fast and self.enabled else None
+        # Chunks need the byte length of every token: the tiktoken path's byte-level vocabulary.
+        self._sizes = _token_sizes(backend) if self.parallel and self._fast is not None else None
+        # (That path's tokenizers normalize with NFC or not at all.)
+        self._nfc = backend.normalizer is not None
         contents = sorted(self._ids, key=len, reverse=True)
         self._split = (
             re.compile("(" + "|".join(re.escape(c) for c in contents) + ")") if contents else None
@@ -91,35 +103,81 @@ class SegmentEncoder:
         pieces = self._split.split(text)
         found: dict[str, Sequence[int]] = {}
         missing: list[str] = []
+        chunked: dict[str, list[str]] = {}
         with self._lock:
             for index, piece in enumerate(pieces):
-                if index % 2 == 1 or len(piece) < _MIN_CACHED_CHARS:
+                if index % 2 == 1 or len(piece) < _MIN_CACHED_CHARS or piece in found:
                     continue
-                entry = self._cache.get(piece)
-                if entry is None:
+                if self._lookup(piece, found):
+                    continue
+                if self._sizes is None or len(piece) < 2 * _CHUNK_CHARS:
                     missing.append(piece)
-                else:
-                    self._cache.move_to_end(piece)
-                    found[piece] = entry[1]
+                    continue
+                chunks = chunked[piece] = _cut(piece, _CHUNK_CHARS)
+                for chunk in chunks:
+                    if chunk not in found:
+                        self._lookup(chunk, found)
+        # A chunked stretch's chunks not cached are encoded as runs of consecutive chunks.
+        layouts = {piece: _layout(chunks, found) for piece, chunks in chunked.items()}
+        runs = {run: chunks for _, piece_runs in layouts.values() for run, chunks in piece_runs}
         short = [p for i, p in enumerate(pieces) if i % 2 == 0 and p and len(p) < _MIN_CACHED_CHARS]
-        batch = list(dict.fromkeys(missing + short))
+        batch = list(dict.fromkeys(missing + list(runs) + short))
         if batch:
-            found.update(self._encode_many(batch))
-            self._remember({piece: found[piece] for piece in missing})
+            encoded = self._encode_many(batch)
+            found.update(encoded)
+            fresh: dict[str, Sequence[int]] = {piece: encoded[piece] for piece in missing}
+            for run, chunks in runs.items():
+                fresh.update(zip(chunks, self._split_ids(encoded[run], chunks) or (), strict=False))
+            self._remember(fresh)
         out: list[int] = []
         for index, piece in enumerate(pieces):
             if index % 2 == 1:
                 out.append(self._ids[piece])
+            elif piece in layouts:
+                for segment in layouts[piece][0]:
+                    out.extend(found[segment])
             elif piece:
                 out.extend(found[piece])
         return out
+
+    def _split_ids(self, ids: list[int], chunks: list[str]) -> list[list[int]] | None:
+        """The ids of joined ``chunks`` cut at the chunks' ends, found from the tokens' byte
+        lengths; None where a token would cross an end (then no chunk is cached)."""
+        assert self._sizes is not None
+        ends = list(itertools.accumulate(map(self._sizes.__getitem__, ids)))
+        parts = []
+        start = total = 0
+        for chunk in chunks:
+            if chunk.isascii():
+                total += len(chunk)
+            else:
+                total += len((unicodedata.normalize("NFC", chunk) if self._nfc else chunk).encode())
+            end = bisect.bisect_left(ends, total, start)
+            if end >= len(ends) or ends[end] != total:
+                return None
+            parts.append(ids[start : end + 1])
+            start = end + 1
+        return parts if start == len(ids) else None
+
+    def _lookup(self, piece: str, found: dict[str, Sequence[int]]) -> bool:
+        """Whether ``piece`` is cached (its ids then go into ``found``); the lock is held."""
+        entry = self._cache.get(piece)
+        if entry is None:
+            return False
+        self._cache.move_to_end(piece)
+        found[piece] = entry[1]
+        return True
 
     def _encode_many(self, stretches: list[str]) -> dict[str, list[int]]:
         """Encode stretches in one parallel batch, long ones as several parts."""
         parts: list[str] = []
         owners: list[int] = []
         for index, stretch in enumerate(stretches):
-            pieces = _cut(stretch) if self.parallel and len(stretch) > _PART_CHARS else [stretch]
+            pieces = (
+                _cut(stretch, _PART_CHARS)
+                if self.parallel and len(stretch) > _PART_CHARS
+                else [stretch]
+            )
             parts.extend(pieces)
             owners.extend([index] * len(pieces))
         if self._fast is not None:
@@ -171,18 +229,52 @@ def _splits_cleanly(token: tokenizers.AddedToken) -> bool:
     )
 
 
-def _cut(text: str) -> list[str]:
-    """``text`` in parts of about ``_PART_CHARS``, cut only where ``_CUT`` allows."""
+def _cut(text: str, size: int) -> list[str]:
+    """``text`` in parts of about ``size`` characters, cut only where ``_CUT`` allows. Each cut
+    depends only on the text before it (and the two characters after), so two stretches with
+    the same beginning are cut alike there."""
     parts = []
     start = 0
-    while len(text) - start > _PART_CHARS:
-        cut = _CUT.search(text, start + _PART_CHARS)
+    while len(text) - start > size:
+        cut = _CUT.search(text, start + size)
         if cut is None:
             break
         parts.append(text[start : cut.start()])
         start = cut.start()
     parts.append(text[start:])
     return parts
+
+
+def _layout(
+    chunks: list[str], found: dict[str, Sequence[int]]
+) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """A chunked stretch as cached chunks and runs of consecutive uncached ones (joined), in
+    order, and each run with its chunks."""
+    segments: list[str] = []
+    runs: list[tuple[str, list[str]]] = []
+    run: list[str] = []
+    for chunk in [*chunks, ""]:
+        if chunk and chunk not in found:
+            run.append(chunk)
+            continue
+        if run:
+            joined = "".join(run)
+            segments.append(joined)
+            runs.append((joined, run))
+            run = []
+        if chunk:
+            segments.append(chunk)
+    return segments, runs
+
+
+def _token_sizes(backend: tokenizers.Tokenizer) -> array[int]:
+    """Each vocabulary token's length in bytes (a byte-level vocabulary spells a byte a
+    character)."""
+    vocab = backend.get_vocab(with_added_tokens=False)
+    sizes = array("I", bytes(4 * (max(vocab.values(), default=0) + 1)))
+    for token, token_id in vocab.items():
+        sizes[token_id] = len(token)
+    return sizes
 
 
 def _cuts_are_safe(backend: tokenizers.Tokenizer) -> bool:

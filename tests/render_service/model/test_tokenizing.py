@@ -93,3 +93,52 @@ def test_any_unicode_text_encodes_like_tokenizers(
 ) -> None:
     for encoder in encoders[::2]:
         assert encoder.encode(text) == encoder.backend.encode(text, add_special_tokens=False).ids
+
+
+def _encoded_chars(encoder: SegmentEncoder, text: str) -> tuple[list[int], int]:
+    """``text``'s ids, and how many characters went to the tokenizer for them."""
+    sent: list[int] = []
+    encode_many = encoder._encode_many
+
+    def counting(stretches: list[str]) -> dict[str, list[int]]:
+        sent.extend(map(len, stretches))
+        return encode_many(stretches)
+
+    encoder._encode_many = counting  # type: ignore[method-assign]
+    try:
+        return encoder.encode(text), sum(sent)
+    finally:
+        del encoder._encode_many
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    words=st.lists(TEXT, min_size=1, max_size=30),
+    cut=st.floats(0.0, 1.0),
+    tail=TEXT,
+)
+def test_a_stretch_that_begins_like_a_cached_one_reuses_its_chunks(
+    encoders: list[SegmentEncoder], words: list[str], cut: float, tail: str
+) -> None:
+    base = " ".join(words) + " Word"
+    first = (base + " ") * (3000 // len(base) + 1)
+    second = first[: int(len(first) * cut)] + tail
+    for encoder in encoders:
+        for text in (first, second, first):
+            full = f"<|im_start|>user\n{text}<|im_end|>"
+            assert (
+                encoder.encode(full) == encoder.backend.encode(full, add_special_tokens=False).ids
+            )
+
+
+def test_only_the_new_end_of_a_grown_stretch_is_encoded(encoders: list[SegmentEncoder]) -> None:
+    document = " ".join(f"Line {i} of the report says café costs {i * 7} euros." for i in range(60))
+    for encoder in encoders[::2]:  # the tiktoken path (byte-level vocabularies) chunks
+        assert encoder._sizes is not None
+        encoder.encode(f"<|im_start|>user\n{document} (ref 1)<|im_end|>")
+        question = f"<|im_start|>user\n{document} Which line is the cheapest?<|im_end|>"
+        ids, sent = _encoded_chars(encoder, question)
+        assert ids == encoder.backend.encode(question, add_special_tokens=False).ids
+        assert 0 < sent <= 3 * 512
+        ids, sent = _encoded_chars(encoder, question)
+        assert (ids, sent) == (encoder.backend.encode(question, add_special_tokens=False).ids, 0)
