@@ -129,6 +129,23 @@ def chat_messages(tok: Tokenizer, target_tokens: int, seed: int = 0) -> list[dic
     return [*base, {"role": "user", "content": doc + question}]
 
 
+def conversation(turns: int, seed: int) -> list[list[dict[str, Any]]]:
+    """The messages of each turn of one conversation: turn k is turn k-1's messages, the
+    assistant's reply to it and a new user message (a system prompt opens it)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a helpful assistant. " + filler_text(80, seed)}
+    ]
+    out = []
+    for turn in range(turns):
+        if turn:
+            reply = filler_text(120, seed * 1000 + 2 * turn + 1)
+            messages = [*messages, {"role": "assistant", "content": reply}]
+        question = filler_text(60, seed * 1000 + 2 * turn) + " What follows?"
+        messages = [*messages, {"role": "user", "content": question}]
+        out.append(messages)
+    return out
+
+
 def chat_request(
     model: str, messages: list[dict[str, Any]], tools: bool, stream: bool = False
 ) -> dict[str, Any]:

@@ -32,6 +32,8 @@ class Plan(msgspec.Struct, frozen=True):
     bytes_chunks: int = 128
     multi_streams: tuple[int, ...] = (16, 64, 256)
     multi_steps: int = 32
+    multi_turns: int = 20
+    multi_turn_conversations: int = 20
 
 
 FULL = Plan()
@@ -44,6 +46,7 @@ QUICK = Plan(
     batch_reps=5,
     bytes_chunks=32,
     multi_steps=8,
+    multi_turn_conversations=6,
 )
 
 
@@ -73,6 +76,9 @@ class Inputs:
             for tools in (False, True)
         }
         self.outputs = {n: inputs.output_ids(tok, n) for n in plan.stream_n}
+        self.multi_turns = plan.multi_turns
+        last = inputs.conversation(plan.multi_turns, 0)[-1]
+        self.multi_turn_ids = tok.chat_ids(last, inputs.TOOLS)
         # One counter for the whole run, so no two render requests are the same.
         self._serial = itertools.count()
 
@@ -88,6 +94,15 @@ class Inputs:
             _TAG.encode()
         )
         return lambda: b"%s (ref %d)%s" % (head, next(self._serial), tail)
+
+    def conversation_bodies(self, fresh: bool) -> list[bytes]:
+        """A conversation's bodies, one per turn, with tools: a new conversation (never sent
+        before in this run) or the first one (whose last turn ``multi_turn_ids`` holds)."""
+        seed = next(self._serial) + 1 if fresh else 0
+        return [
+            msgspec.json.encode(inputs.chat_request(self.model, messages, True))
+            for messages in inputs.conversation(self.multi_turns, seed)
+        ]
 
     def stream_base(self, size: int) -> dict[str, Any]:
         ids = self.prompt_ids[(size, True)]

@@ -22,6 +22,7 @@ from bench.results import (
     SKIPPED,
     LatencyRow,
     MultiStreamRow,
+    MultiTurnRow,
     Outcome,
     Results,
     StreamRow,
@@ -133,6 +134,7 @@ def render_markdown(results: Results, raw_name: str, plot_names: list[str]) -> s
     out += _noise_section(results)
     out += _latency_section(results, notes)
     out += _throughput_section(results, notes)
+    out += _multi_turn_section(results, notes)
     out += _stream_section(results, notes)
     out += _multi_section(results, notes)
     out += _batch_section(results, notes)
@@ -351,7 +353,49 @@ def growth_exponents(rows: list[StreamRow], system: str) -> list[tuple[int, int,
     return out
 
 
-def _flags(*rows: LatencyRow | None) -> str:
+def _multi_turn_section(results: Results, notes: _Notes) -> list[str]:
+    if not results.multi_turn:
+        return []
+    peer = _find(results.multi_turn, system=PEER)
+    ours = _find(results.multi_turn, system=OURS)
+    row = next(r for r in (peer, ours) if r is not None)
+    rows = [
+        [
+            f"turn {row.turns} after turns 1-{row.turns - 1}",
+            notes.cell(PEER, peer, lambda r: f"{r.warm_median_ms:.2f}"),
+            notes.cell(OURS, ours, lambda r: f"{r.warm_median_ms:.2f}"),
+            _ratio(True, _ok_value(peer, "warm_median_ms"), _ok_value(ours, "warm_median_ms")),
+        ],
+        [
+            f"turn {row.turns} cold (its conversation's first request)",
+            notes.cell(PEER, peer, lambda r: f"{r.cold_median_ms:.2f}"),
+            notes.cell(OURS, ours, lambda r: f"{r.cold_median_ms:.2f}"),
+            _ratio(True, _ok_value(peer, "cold_median_ms"), _ok_value(ours, "cold_median_ms")),
+        ],
+        [
+            "after ÷ cold",
+            notes.cell(PEER, peer, lambda r: f"{r.warm_median_ms / r.cold_median_ms:.2f}"),
+            notes.cell(OURS, ours, lambda r: f"{r.warm_median_ms / r.cold_median_ms:.2f}"),
+            "",
+        ],
+    ]
+    counts = {r.conversations for r in results.multi_turn if r.outcome.ok}
+    return [
+        f"## Multi-turn render (one conversation growing by one turn per request, {row.turns} "
+        "turns)",
+        "",
+        f"Median wall ms of one client's render of turn {row.turns} ({row.prompt_tokens} tokens "
+        "with three tools: a system prompt, then user and assistant turns of 60 and 120 words), "
+        f"over {', '.join(map(str, sorted(counts))) or '–'} conversations: right after the "
+        "conversation's earlier turns, and as the first request of another new conversation. "
+        f"Turn {row.turns} = HF template ids (vLLM / ours): {_flags(peer, ours)}.",
+        "",
+        *_table(["turn", f"{PEER} ms", f"{OURS} ms", "ratio"], rows),
+        "",
+    ]
+
+
+def _flags(*rows: LatencyRow | MultiTurnRow | None) -> str:
     marks = []
     for row in rows:
         if row is None or row.same_ids_as_hf_template is None:

@@ -130,6 +130,20 @@ class MultiStreamRow(msgspec.Struct):
     server_cpu_s: float = 0.0
 
 
+class MultiTurnRow(msgspec.Struct):
+    """The last turn of a conversation growing by one turn per request, rendered right after
+    the turns before it ("warm") and as the first request of its conversation ("cold")."""
+
+    system: str
+    turns: int
+    prompt_tokens: int
+    outcome: Outcome
+    conversations: int = 0
+    warm_median_ms: float = 0.0
+    cold_median_ms: float = 0.0
+    same_ids_as_hf_template: bool | None = None
+
+
 class Results(msgspec.Struct):
     meta: Meta
     render_latency: list[LatencyRow] = []
@@ -139,6 +153,7 @@ class Results(msgspec.Struct):
     batch_derender: list[BatchRow] = []
     bytes_per_chunk: list[BytesRow] = []
     multi_stream: list[MultiStreamRow] = []
+    multi_turn: list[MultiTurnRow] = []
 
 
 def encode(results: Results) -> bytes:

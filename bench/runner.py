@@ -6,6 +6,9 @@ over the time budget, or did not start), so the report never silently drops a li
 
 from __future__ import annotations
 
+import statistics
+import time
+
 import httpx
 import msgspec
 
@@ -24,6 +27,7 @@ from bench.results import (
     BytesRow,
     LatencyRow,
     MultiStreamRow,
+    MultiTurnRow,
     NoiseRow,
     Outcome,
     Results,
@@ -80,6 +84,39 @@ class Runner:
                     done = f"median {row.median_ms:.2f} ms, p99 {row.p99_ms:.2f} ms"
                     what = f"render {row.label}{' +tools' if tools else ''} ({tokens} tok)"
                     self.say(f"{name}: {what}: {_show(row.outcome, done)}")
+
+    def multi_turn(self, name: str, server: Server) -> None:
+        """Each conversation's turns in order, one client; the last turn is timed, and the last
+        turn of another new conversation is timed as its conversation's first request."""
+        turns = self.data.multi_turns
+        row = MultiTurnRow(name, turns, len(self.data.multi_turn_ids), Outcome())
+        warm: list[float] = []
+        cold: list[float] = []
+        with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+            try:
+                for index in range(self.plan.multi_turn_conversations):
+                    bodies = self.data.conversation_bodies(fresh=index > 0)
+                    for body in bodies[:-1]:
+                        measure.post(client, CHAT_RENDER, body, "render")
+                    t0 = time.perf_counter()
+                    last = measure.post(client, CHAT_RENDER, bodies[-1], "render")
+                    warm.append((time.perf_counter() - t0) * 1000.0)
+                    if index == 0:
+                        rendered = msgspec.json.decode(last.content, type=measure.Rendered)
+                        row.same_ids_as_hf_template = rendered.token_ids == self.data.multi_turn_ids
+                    alone = self.data.conversation_bodies(fresh=True)[-1]
+                    t0 = time.perf_counter()
+                    measure.post(client, CHAT_RENDER, alone, "render")
+                    cold.append((time.perf_counter() - t0) * 1000.0)
+            except Failure as failure:
+                row.outcome = failure.outcome
+        if row.outcome.ok:
+            row.conversations = len(warm)
+            row.warm_median_ms = statistics.median(warm)
+            row.cold_median_ms = statistics.median(cold)
+        self.results.multi_turn.append(row)
+        done = f"turn {turns}: {row.warm_median_ms:.2f} ms warm, {row.cold_median_ms:.2f} ms cold"
+        self.say(f"{name}: multi-turn render: {_show(row.outcome, done)}")
 
     def noise_round(self, name: str, server: Server) -> None:
         """One repeat of two small workloads; the spread over repeats is the report's noise."""
@@ -301,6 +338,8 @@ class Runner:
         self.latency(name, server)
         self._load(name, "throughput")
         self.throughput(name, server)
+        self._load(name, "multi-turn render")
+        self.multi_turn(name, server)
         self._load(name, "streaming derender")
         self.streams(name, server, lean=False)
         if name == OURS:
@@ -331,6 +370,9 @@ class Runner:
         )
         res.latency_noise.append(
             NoiseRow(name, f"streaming derender n={n}, server CPU", "s", outcome)
+        )
+        res.multi_turn.append(
+            MultiTurnRow(name, plan.multi_turns, len(data.multi_turn_ids), outcome)
         )
         tokens = len(data.prompt_ids[(plan.latency_sizes[0], False)])
         res.throughput.extend(ThroughputRow(name, c, tokens, outcome) for c in plan.concurrency)

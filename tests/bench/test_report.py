@@ -24,6 +24,7 @@ from bench.results import (
     LatencyRow,
     Meta,
     MultiStreamRow,
+    MultiTurnRow,
     NoiseRow,
     Outcome,
     Results,
@@ -94,6 +95,10 @@ def synthetic() -> Results:
             MultiStreamRow(OURS_ONE_BY_ONE, 16, Outcome(), 8, 128, 0.5, 0.064),
             MultiStreamRow(OURS, 16, Outcome(), 8, 128, 0.05, 0.0064),
             MultiStreamRow(OURS_MSGPACK, 16, CUT, 4, 64, 0.02, 0.0032),
+        ],
+        multi_turn=[
+            MultiTurnRow(PEER, 20, 4000, Outcome(), 6, 12.0, 12.5, True),
+            MultiTurnRow(OURS, 20, 4000, Outcome(), 6, 1.0, 4.0, True),
         ],
     )
 
@@ -174,6 +179,20 @@ def test_noise_and_growth_are_computed_from_rows() -> None:
     assert slopes == [(256, 1024, pytest.approx(math.log(4**3) / math.log(4)))]
     assert "n^3.00" in text
     assert report.growth_exponents(results.stream_derender, OURS_LEAN) == []
+
+
+def test_multi_turn_table_compares_the_last_turn_warm_and_cold() -> None:
+    text = report.render_markdown(synthetic(), "raw.json", [])
+    assert _row_of(text, "turn 20 after turns 1-19", "## Multi-turn render") == [
+        "turn 20 after turns 1-19",
+        "12.00",
+        "1.00",
+        "12×",
+    ]
+    cold = _row_of(text, "turn 20 cold (its conversation's first request)", "## Multi-turn")
+    assert cold[1:] == ["12.50", "4.00", "3.12×"]
+    assert _row_of(text, "after ÷ cold", "## Multi-turn render")[1:3] == ["0.96", "0.25"]
+    assert "(vLLM / ours): yes / yes" in text
 
 
 def test_multi_stream_table_is_per_chunk_with_ratios_to_vllm() -> None:
