@@ -64,6 +64,10 @@ MSGPACK = "application/msgpack"
 # loop: the hand-off to a worker thread and back costs more than its work (~30 us).
 _INLINE_IDS = 64
 _SEED_HEADER = "x-derender-seed"
+# A chat render of a body this small (about 3,000 prompt tokens; ~1 ms of work) with the model's
+# own template and no images runs on the event loop: handing it to the worker thread costs more
+# CPU than it saves, and the two threads then take turns on the GIL at every system call.
+_INLINE_RENDER_BYTES = 16384
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
@@ -117,6 +121,11 @@ def _small(body: DerenderChatStreamWire) -> bool:
         for choice in chunk.choices:
             ids += len(choice.token_ids or ())
     return ids <= _INLINE_IDS
+
+
+def _own_template(body: ChatCompletionRequest) -> bool:
+    """The chat renders with the model's template (a request's own runs in a child process)."""
+    return body.chat_template is None and "chat_template" not in (body.chat_template_kwargs or {})
 
 
 class _StreamFlag(msgspec.Struct):
@@ -214,9 +223,11 @@ class Service:
         multimodal = self.renderer.multimodal
         media = await multimodal.prepare(body, stream=True) if multimodal is not None else None
         seed = request.headers.get(_SEED_HEADER, "").strip().lower() in ("1", "true")
-        result = await self.run(
-            self._render_chat, body, request.headers.get("x-request-id"), media, seed
-        )
+        request_id = request.headers.get("x-request-id")
+        if len(data) <= _INLINE_RENDER_BYTES and multimodal is None and _own_template(body):
+            result = self._render_chat(body, request_id, None, seed)
+        else:
+            result = await self.run(self._render_chat, body, request_id, media, seed)
         metrics.observe_render((result,))
         metrics.observe_caches(self.caches())
         if media is None:
