@@ -198,7 +198,9 @@ def _probe(model: Model, settings: Settings, effort: str) -> str | None:
             templating.detect_content_format(template),
             templating.supports_developer_role(template),
         )
-        return templating.apply_template(model.hf_tokenizer, template, conversation, None, kwargs)
+        return templating.apply_template(
+            model.special_tokens_map, template, conversation, None, kwargs
+        )
     except RenderServiceError:
         return None
 

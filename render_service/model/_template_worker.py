@@ -34,27 +34,16 @@ def _cap_memory(budget: int) -> None:
 
 
 def render(job: dict[str, Any]) -> str:
-    from transformers.utils.chat_template_utils import render_jinja_template
+    from render_service.model.chat_jinja import render_chat
 
-    kwargs = dict(job["kwargs"])
-    result: Any = render_jinja_template(
-        conversations=[job["conversation"]],
-        tools=job["tools"],
-        documents=kwargs.pop("documents", None),
-        chat_template=job["template"],
-        continue_final_message=kwargs.pop("continue_final_message", False),
-        add_generation_prompt=kwargs.pop("add_generation_prompt", False),
-        **kwargs,
-    )
-    rendered = result[0]  # (rendered conversations, generation indices)
-    return str(rendered[0])
+    return render_chat(job["template"], job["conversation"], job["tools"], {}, job["kwargs"])
 
 
 def main(argv: list[str]) -> None:
     # Keep fd 1 for frames only: anything a library prints goes to stderr instead.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    from transformers.utils import chat_template_utils  # noqa: F401  (import before the cap)
+    from render_service.model import chat_jinja  # noqa: F401  (import before the cap)
 
     _cap_memory(int(argv[0]))
     write_frame(out, _encoder.encode({"ready": True}))

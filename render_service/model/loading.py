@@ -185,6 +185,13 @@ class Model:
             digest.update(part)
         return digest.digest()
 
+    @cached_property
+    def special_tokens_map(self) -> dict[str, Any]:
+        """The tokenizer's special tokens by role (``eos_token``, ...): chat templates see them."""
+        if self.hf_tokenizer is None:
+            return {}
+        return dict(self.hf_tokenizer.special_tokens_map)
+
     def tokenizer_bytes(self) -> bytes:
         """The whole tokenizer as bytes (the HF tokenizer's JSON, or every tekken token)."""
         mistral = self.mistral

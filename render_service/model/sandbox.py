@@ -30,7 +30,7 @@ __all__ = ["TemplateSandbox"]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(dict[str, Any])
-# Starting a child imports transformers' template module; that must not count against a template.
+# Starting a child imports the chat-template environment; that must not count against a template.
 _STARTUP_TIMEOUT = 120.0
 # Environment variables an operator may set with secrets (the state secret, vLLM's API key
 # variable), and the one that points the server's workers at their settings file.

@@ -1,13 +1,15 @@
 """Chat templates: turning OpenAI messages into the prompt text, exactly as vLLM 0.33 does.
 
-Templates run in transformers' Jinja2 sandbox (``apply_chat_template(tokenize=False)``), so a
-template sees the same variables and filters it sees under vLLM.
+Templates run in our own Jinja2 sandbox (render_service.model.chat_jinja), built to give what
+transformers' ``apply_chat_template(tokenize=False)`` gives under vLLM: the same variables,
+filters and output.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import jinja2
@@ -18,6 +20,7 @@ import msgspec
 
 from render_service.caches import ByteLRU
 from render_service.errors import InvalidRequest
+from render_service.model import chat_jinja
 from render_service.model.sandbox import TemplateSandbox
 from render_service.protocol.chat import IMAGE_PART_TYPES, ChatCompletionRequest
 from render_service.protocol.tokenize import TokenizeChatRequest
@@ -241,7 +244,7 @@ def filter_template_kwargs(template: str, kwargs: dict[str, Any]) -> dict[str, A
 
 
 def apply_template(
-    hf_tokenizer: Any,
+    special_tokens: Mapping[str, Any],
     template: str,
     conversation: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
@@ -250,7 +253,9 @@ def apply_template(
 ) -> str:
     """Render the prompt text; template errors become 400s with the template's message.
 
-    With a ``sandbox`` (for per-request templates) the render runs in a killable child process.
+    ``special_tokens`` is the tokenizer's special-token map (the template sees each as a
+    variable). With a ``sandbox`` (for per-request templates) the render runs in a killable
+    child process.
     """
     if "chat_template" in kwargs or "tokenize" in kwargs:
         raise InvalidRequest("chat_template_kwargs must not set 'chat_template' or 'tokenize'")
@@ -260,22 +265,13 @@ def apply_template(
             raise InvalidRequest(
                 "continue_final_message and add_generation_prompt are not compatible."
             )
-        special = dict(hf_tokenizer.special_tokens_map)
-        return sandbox.render(template, conversation, tools, {**special, **call_kwargs})
+        return sandbox.render(template, conversation, tools, {**special_tokens, **call_kwargs})
     try:
-        rendered = hf_tokenizer.apply_chat_template(
-            conversation=conversation,
-            tools=tools,
-            chat_template=template,
-            tokenize=False,
-            return_dict=False,
-            **call_kwargs,
-        )
+        return chat_jinja.render_chat(template, conversation, tools, special_tokens, call_kwargs)
     except jinja2.TemplateError as exc:
         raise InvalidRequest(str(exc)) from exc
     except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
         raise InvalidRequest(f"chat template failed: {exc}") from exc
-    return str(rendered)
 
 
 def template_kwargs(

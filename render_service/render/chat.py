@@ -257,7 +257,7 @@ def prompt_text(
         raise InvalidRequest(f"{renderer.model_name} is not a multimodal model") from exc
     untrusted = request.chat_template is not None or "chat_template" in kwargs
     return templating.apply_template(
-        renderer.model.hf_tokenizer,
+        renderer.model.special_tokens_map,
         template,
         conversation,
         tools,

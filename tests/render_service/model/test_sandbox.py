@@ -69,7 +69,7 @@ def test_sandbox_renders_what_the_in_process_path_renders(
     conversation: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
 ) -> None:
-    tok = renderer.model.hf_tokenizer
+    tok = renderer.model.special_tokens_map
     template = renderer.model.info.chat_template
     assert template is not None
     convo = build_conversation(conversation, "string", False)
@@ -97,7 +97,7 @@ def test_sandbox_renders_what_the_in_process_path_renders(
 def test_runaway_template_is_stopped_and_the_sandbox_recovers(
     renderer: Renderer, sandbox: TemplateSandbox, source: str, flag: str
 ) -> None:
-    tok = renderer.model.hf_tokenizer
+    tok = renderer.model.special_tokens_map
     convo = build_conversation(CONVERSATIONS[0], "string", False)
     with pytest.raises(TemplateLimit) as info:
         apply_template(tok, source, convo, None, {}, sandbox)
@@ -107,7 +107,7 @@ def test_runaway_template_is_stopped_and_the_sandbox_recovers(
 
 def test_template_errors_keep_their_message(renderer: Renderer, sandbox: TemplateSandbox) -> None:
     convo = build_conversation(CONVERSATIONS[0], "string", False)
-    tok = renderer.model.hf_tokenizer
+    tok = renderer.model.special_tokens_map
     with pytest.raises(InvalidRequest) as info:
         apply_template(tok, "{{ raise_exception('nope') }}", convo, None, {}, sandbox)
     assert info.value.message == "nope"
