@@ -198,7 +198,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         int,
         Option(
             "memory budget, in bytes, of each smaller per-process cache (parsers by tool set, "
-            "parsed templates, logprob token texts)"
+            "parsed and compiled templates, logprob token texts)"
         ),
     ] = 16 * 1024 * 1024
     max_vllm_stream_state_bytes: Annotated[

@@ -20,12 +20,12 @@ path unchanged.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 import types
 from collections.abc import Callable, Mapping
 from datetime import datetime
+from itertools import compress
 from typing import Any
 
 import jinja2
@@ -45,6 +45,8 @@ __all__ = ["ChatEnvironment", "compile_template", "render_chat"]
 _DICT_NAMES = frozenset(dir(dict))
 # Types whose sandbox verdict on an attribute depends on nothing but the type and the name.
 _PLAIN_SCALARS = frozenset({str, int, float, bool, type(None)})
+_CONTAINERS = frozenset({dict, list, tuple})
+_PLAIN_TYPES = _PLAIN_SCALARS | _CONTAINERS
 _LEARNABLE_BUILTINS = frozenset({*_PLAIN_SCALARS, list, tuple, dict, jinja2.runtime.LoopContext})
 # Receivers whose built-in methods need no context and are never marked unsafe.
 _PLAIN_RECEIVERS = frozenset({str, int, float, bool, list, tuple, dict})
@@ -204,8 +206,9 @@ class ChatEnvironment(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
 _ENVIRONMENT = ChatEnvironment()
 
-#: Compiled templates, keyed by the template's digest.
-COMPILED: ByteLRU[bytes, jinja2.Template] = ByteLRU(
+#: Compiled templates, keyed by the template itself (a str caches its hash, so the model's own
+#: template is found without hashing it again).
+COMPILED: ByteLRU[str, jinja2.Template] = ByteLRU(
     "compiled_templates", DEFAULTS["small_cache_bytes"]
 )
 # A compiled template holds its code objects and module: several times the source's size.
@@ -214,29 +217,32 @@ _COMPILED_BYTES_PER_CHAR = 24
 
 def compile_template(template: str) -> jinja2.Template:
     """The template compiled in the chat environment (once per distinct template)."""
-    key = hashlib.blake2b(template.encode(), digest_size=16).digest()
-    compiled = COMPILED.get(key)
+    compiled = COMPILED.get(template)
     if compiled is None:
         compiled = _ENVIRONMENT.from_string(template)
-        COMPILED.put(key, compiled, 16384 + _COMPILED_BYTES_PER_CHAR * len(template))
+        COMPILED.put(template, compiled, 16384 + (_COMPILED_BYTES_PER_CHAR + 4) * len(template))
     return compiled
 
 
 def _is_plain(value: Any) -> bool:
-    """Whether ``value`` is built of exact JSON types only (then it is passed as it is)."""
-    kind = type(value)
-    if kind in _PLAIN_SCALARS:
-        return True
-    if kind is dict:
-        if not _PLAIN_SCALARS.issuperset(map(type, value)):
+    """Whether ``value`` is built of exact JSON types only (then it is passed as it is).
+
+    A walk over containers whose per-item work runs in C (type sets, ``compress``): most
+    containers hold scalars only and cost a few C calls each."""
+    stack: list[Any] = [(value,)]
+    while stack:
+        items = stack.pop()
+        if type(items) is dict:
+            if not _PLAIN_SCALARS.issuperset(map(type, items)):
+                return False
+            items = items.values()
+        kinds = set(map(type, items))
+        if kinds <= _PLAIN_SCALARS:
+            continue
+        if not kinds <= _PLAIN_TYPES:
             return False
-        items = value.values()
-    elif kind is list or kind is tuple:
-        items = value
-    else:
-        return False
-    # Most containers hold scalars only: one C-level pass answers for them.
-    return _PLAIN_SCALARS.issuperset(map(type, items)) or all(map(_is_plain, items))
+        stack.extend(compress(items, map(_CONTAINERS.__contains__, map(type, items))))
+    return True
 
 
 def _plain(value: Any) -> Any:

@@ -9,13 +9,13 @@ varied sample; any other tokenizer keeps the ``tokenizers`` path.
 
 from __future__ import annotations
 
-import json
 import os
 import unicodedata
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
 import tokenizers
 
 # Below this many characters in a batch, encoding on the calling thread is faster.
@@ -49,6 +49,27 @@ def byte_decoder() -> dict[str, int]:
             chars.append(256 + extra)
             extra += 1
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def _byte_table() -> dict[int, str]:
+    """A ``str.translate`` table taking a token's characters to the bytes they stand for (as
+    Latin-1 characters); any character outside GPT-2's mapping becomes one Latin-1 cannot encode."""
+    table = {ord(char): chr(byte) for char, byte in byte_decoder().items()}
+    for code in range(256):
+        table.setdefault(code, "\uffff")
+    return table
+
+
+def _ranks(vocab: dict[str, int]) -> dict[bytes, int] | None:
+    """The vocabulary as tiktoken's rank table, or None if a token is not byte-level."""
+    table = _byte_table()
+    ranks = {}
+    try:
+        for token, rank in vocab.items():
+            ranks[token.translate(table).encode("latin-1")] = rank
+    except UnicodeEncodeError:
+        return None
+    return ranks
 
 
 def _split_regex(pre_tokenizer: dict[str, Any] | None) -> str | None:
@@ -101,7 +122,7 @@ def build(tokenizer_json: str, backend: tokenizers.Tokenizer) -> FastEncoder | N
         import tiktoken
     except ImportError:
         return None
-    spec = json.loads(tokenizer_json)
+    spec = msgspec.json.decode(tokenizer_json)
     model = spec.get("model") or {}
     normalizer = spec.get("normalizer")
     regex = _split_regex(spec.get("pre_tokenizer"))
@@ -109,10 +130,8 @@ def build(tokenizer_json: str, backend: tokenizers.Tokenizer) -> FastEncoder | N
         return None
     if normalizer is not None and normalizer.get("type") != "NFC":
         return None
-    to_byte = byte_decoder()
-    try:
-        ranks = {bytes(to_byte[c] for c in token): rank for token, rank in model["vocab"].items()}
-    except KeyError:
+    ranks = _ranks(model["vocab"])
+    if ranks is None:
         return None
     try:
         encoding = tiktoken.Encoding(

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Self
 from render_service.apis import messages as messages_api
 from render_service.caches import CacheSize
 from render_service.errors import InvalidRequest
-from render_service.model import templating
+from render_service.model import chat_jinja, templating
 from render_service.model.loading import Model, load_chat_template_arg, load_model
 from render_service.model.parser_setup import ParsingSetup
 from render_service.model.sandbox import TemplateSandbox
@@ -49,6 +49,7 @@ class Renderer:
         self.template_probes = messages_api.TemplateProbes(model, settings)
         self.multimodal = media_pipeline(model.info.path, settings.model, settings)
         templating.TEMPLATE_FACTS.resize(settings.small_cache_bytes)
+        chat_jinja.COMPILED.resize(settings.small_cache_bytes)
         template = model.info.chat_template
         self.content_format = (
             settings.chat_template_content_format
@@ -95,7 +96,7 @@ class Renderer:
     def caches(self) -> list[CacheSize]:
         """The size of every per-process cache of this renderer and its derender setup."""
         segments = self.prompts.segments
-        sizes = [templating.TEMPLATE_FACTS.size()]
+        sizes = [templating.TEMPLATE_FACTS.size(), chat_jinja.COMPILED.size()]
         if segments is not None:  # none in Mistral mode (tekken encodes whole prompts)
             sizes.insert(0, CacheSize(name="segments", entries=len(segments), bytes=segments.bytes))
         if self.parsing is not None:
