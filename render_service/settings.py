@@ -184,6 +184,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     parser_cache_bytes: Annotated[
         int, Option("memory budget of the cached stream states per process, in bytes")
     ] = 64 * 1024 * 1024
+    stream_constants_cache_bytes: Annotated[
+        int,
+        Option(
+            "memory budget of the verified constant parts of stream states per process, in "
+            "bytes (0: off)"
+        ),
+    ] = 32 * 1024 * 1024
     segment_cache_entries: Annotated[
         int,
         Option(

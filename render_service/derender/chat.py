@@ -365,7 +365,7 @@ def _stream_choice(
     """One generate chunk of one choice -> the OpenAI stream choice and the next state."""
     choice = chunk.choices[0]
     d.machine.check_chunk_length(state, choice)
-    parser = d.machine.parser(state.parse_request)
+    parser = d.machine.parser(state.parse_request, state.parser_key)
     finished = choice.finish_reason is not None
     result = d.machine.step(state, choice, parser, finished=finished)
     options = state.options

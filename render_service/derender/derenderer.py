@@ -14,9 +14,10 @@ from typing import Any
 import msgspec
 
 from render_service.apis import messages as messages_api
+from render_service.caches import ByteLRU
 from render_service.derender import chat, completion, messages, responses
 from render_service.derender.inputs import Check
-from render_service.derender.machine import ChoiceMachine
+from render_service.derender.machine import ChoiceMachine, Sealed, StreamFixed
 from render_service.derender.parser_cache import ParserCache
 from render_service.derender.seeds import Seeds
 from render_service.derender.stream_state import VERSION, StateCodec, random_secret
@@ -81,7 +82,10 @@ class Derenderer:
             max_bytes=settings.max_vllm_stream_state_bytes or _VLLM_STATE_BYTES_PER_ID * max_len,
             max_ids=max_len,
         )
-        self.streams = StreamStates(self.machine, codecs, cache, bounds)
+        constants: ByteLRU[str, tuple[Sealed, StreamFixed]] = ByteLRU(
+            "stream_constants", settings.stream_constants_cache_bytes
+        )
+        self.streams = StreamStates(self.machine, codecs, cache, bounds, constants)
         self.template_probes = messages_api.TemplateProbes(model, settings)
         self.seeds = Seeds(self.machine, settings, secret)
 

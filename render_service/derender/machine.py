@@ -3,9 +3,10 @@
 A choice starts from its prompt ids (``ChoiceMachine.start``) and is fed chunks of generated ids
 (``ChoiceMachine.step``): the final stop token is dropped as vLLM drops it, the ids are
 detokenized incrementally and the text goes through the request's parser, whose events the
-endpoints turn into a message or a delta. A stream carries the ``ChoiceState`` between calls;
-batch derender is the same machine fed the whole output as one finished chunk, decoded id by id
-so that stop strings can cut it.
+endpoints turn into a message or a delta. A stream carries the ``ChoiceState`` between calls:
+its constant part (``StreamFixed``: the request, the options, the parse context) is signed once,
+the rest each chunk (``streams.py``); batch derender is the same machine fed the whole output as
+one finished chunk, decoded id by id so that stop strings can cut it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from render_service.derender.parser_cache import running_digest, seed_digest
 from render_service.derender.stop_strings import StopStrings, ids_for_text, stop_string_cut
 from render_service.errors import InvalidRequest
 from render_service.model.loading import Model
-from render_service.model.parser_setup import ParsingSetup
+from render_service.model.parser_setup import ParserKey, ParsingSetup, parser_key
 from render_service.protocol.derender import GenerateChoice, GenerateResponse
 from render_service.protocol.logprobs import ChatCompletionLogProbs, CompletionLogProbs
 from render_service.settings import DEFAULTS
@@ -47,8 +48,8 @@ class OutputOptions(msgspec.Struct, frozen=True, array_like=True, gc=False):
     named_tool: bool = False
 
 
-class ChoiceState(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """One choice's stream between calls: parser and detokenizer state, never the history.
+class StreamFixed(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What stays the same for a whole stream: signed once, at its first call.
 
     New fields go last with defaults (the codec's version covers incompatible changes).
     """
@@ -58,8 +59,17 @@ class ChoiceState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     prompt_len: int
     options: OutputOptions
     parse_request: ParseRequest | None
+
+
+class StreamMoving(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What each chunk changes: parser and detokenizer state, never the history.
+
+    New fields go last with defaults (the codec's version covers incompatible changes).
+    """
+
     parser: ChatState | None
     detok: DetokState
+    #: The running digest of the output so far (the key of the stream's cache entries).
     digest: bytes
     n_tokens: int = 0
     role_sent: bool = False
@@ -67,6 +77,64 @@ class ChoiceState(msgspec.Struct, frozen=True, array_like=True, gc=False):
     text_offset: int = 0
     #: Digest of the raw prompt ids and chat request the stream started from (inputs.py).
     inputs: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A stream's constant part as signed (``streams.py``): the token, its tag (each moving
+    part is bound to it), the endpoint kind it was signed for and its parser's cache key."""
+
+    kind: str
+    token: str
+    tag: bytes
+    parser_key: ParserKey | None
+
+
+class ChoiceState(StreamMoving, frozen=True, gc=False, kw_only=True):
+    """One choice's stream between calls: its constant part and what each chunk changes.
+
+    Never encoded whole: ``streams.py`` signs ``fixed`` once and the moving fields each chunk.
+    """
+
+    fixed: StreamFixed
+    #: ``fixed`` as signed, once it has been (it then travels unchanged with every state).
+    sealed: Sealed | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.fixed.request_id
+
+    @property
+    def index(self) -> int:
+        return self.fixed.index
+
+    @property
+    def prompt_len(self) -> int:
+        return self.fixed.prompt_len
+
+    @property
+    def options(self) -> OutputOptions:
+        return self.fixed.options
+
+    @property
+    def parse_request(self) -> ParseRequest | None:
+        return self.fixed.parse_request
+
+    @property
+    def parser_key(self) -> ParserKey | None:
+        return self.sealed.parser_key if self.sealed is not None else None
+
+    def moving(self) -> StreamMoving:
+        """The part signed each chunk (a ``StreamMoving``, not this subclass)."""
+        return StreamMoving(*msgspec.structs.astuple(self)[:_MOVING_FIELDS])
+
+    @classmethod
+    def join(cls, sealed: Sealed, fixed: StreamFixed, moving: StreamMoving) -> ChoiceState:
+        """The state of a verified constant part and a moving part bound to it."""
+        return cls(*msgspec.structs.astuple(moving), fixed=fixed, sealed=sealed)
+
+
+_MOVING_FIELDS = len(StreamMoving.__struct_fields__)
 
 
 class StreamStart(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -137,11 +205,20 @@ class ChoiceMachine:
     def has_parser(self) -> bool:
         return self.parsing is not None
 
-    def parser(self, parse_request: ParseRequest | None) -> ChatParser | None:
-        """The parser for a request (None without parser flags or without a chat request)."""
+    def parser(
+        self, parse_request: ParseRequest | None, key: ParserKey | None = None
+    ) -> ChatParser | None:
+        """The parser for a request (None without parser flags or without a chat request);
+        ``key``: the request's ``parser_key``, where a stream already has it."""
         if self.parsing is None or parse_request is None:
             return None
-        return self.parsing.parser(parse_request)
+        return self.parsing.parser(parse_request, key)
+
+    def parser_key(self, parse_request: ParseRequest | None) -> ParserKey | None:
+        """The parser cache's key for a stream's parse request (computed once per stream)."""
+        if self.parsing is None or parse_request is None:
+            return None
+        return parser_key(parse_request)
 
     def start(
         self,
@@ -168,11 +245,7 @@ class ChoiceMachine:
         parser = self.parser(parse_request)
         parser_ids = prompt_ids if parser_prompt is None else parser_prompt
         return ChoiceState(
-            request_id=request_id,
-            index=index,
-            prompt_len=len(prompt_ids),
-            options=options,
-            parse_request=None,
+            fixed=StreamFixed(request_id, index, len(prompt_ids), options, None),
             parser=parser.start(parser_ids) if parser is not None else None,
             detok=self._detok[options.skip_special_tokens].start(prompt_ids),
             digest=b"",
@@ -212,11 +285,9 @@ class ChoiceMachine:
         """The state of choice ``index`` of generate request ``request_id`` from ``start``, in a
         stream of endpoint ``kind``."""
         return ChoiceState(
-            request_id=request_id,
-            index=index,
-            prompt_len=start.prompt_len,
-            options=start.options,
-            parse_request=start.parse_request,
+            fixed=StreamFixed(
+                request_id, index, start.prompt_len, start.options, start.parse_request
+            ),
             parser=start.parser,
             detok=start.detok,
             digest=self._stream_seed(kind, request_id, index, start),

@@ -4,9 +4,12 @@ Wire layout, then base64url without padding::
 
     version (1 byte) | flags (1 byte) | msgpack payload, raw-deflated if flags & 1 | tag (16 bytes)
 
-The tag is HMAC-SHA256 over everything before it, keyed by a key derived from the shared secret and
-the caller's *context* (a fingerprint of model, parser config and derender-relevant flags), so a
-state issued for another model, configuration or secret fails verification.
+The tag is HMAC-SHA256 over the length of an optional *binding* (4 bytes), the binding, then
+everything before the tag, keyed by a key derived from the shared secret and the caller's
+*context* (a fingerprint of model, parser config and derender-relevant flags), so a state issued
+for another model, configuration or secret fails verification. The binding ties a token to
+another one without carrying it: a stream's moving part is bound to the tag of its constant part
+(``streams.py``), so parts of two streams cannot be mixed.
 
 The tag is truncated to 128 bits: a forger must guess it online, one request per guess, and
 2**-128 per guess is far beyond reach, while each chunk saves 22 characters (NIST SP 800-107
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import secrets
@@ -29,10 +33,11 @@ import msgspec
 
 from render_service.errors import StreamStateError
 
-__all__ = ["VERSION", "StateCodec", "random_secret"]
+__all__ = ["VERSION", "StateCodec", "check_token_version", "check_version", "random_secret"]
 
-#: Bumped whenever a state written by one build cannot be read by another.
-VERSION: Final = 1
+#: Bumped whenever a state written by one build cannot be read by another (2: a stream state is
+#: a constant part signed once and a moving part bound to it, ``streams.py``).
+VERSION: Final = 2
 
 _FLAG_DEFLATE: Final = 0x01
 _HEADER: Final = 2
@@ -49,7 +54,6 @@ _DEFLATE_MIN: Final = 768
 _INFLATE_FACTOR: Final = 16
 _KEY_LABEL: Final = b"render-service/stream_state\x00"
 _PARAM: Final = "stream_state"
-_NO_BINDING: Final = bytes(4)
 
 T = TypeVar("T")
 
@@ -83,21 +87,29 @@ class StateCodec:
     checked before any other work on decode. Thread-safe: it is never mutated after construction.
     """
 
-    __slots__ = ("_mac", "_max_payload", "max_bytes")
+    __slots__ = ("_key", "_mac", "_max_payload", "max_bytes")
 
     def __init__(self, secret: bytes, context: bytes, max_bytes: int = 8192) -> None:
         if not secret:
             raise ValueError("the stream_state secret must not be empty")
         if max_bytes < _HEADER + _TAG + 8:
             raise ValueError(f"max_bytes={max_bytes} is too small for a stream_state")
-        key = hmac.digest(secret, _KEY_LABEL + context, "sha256")
+        self._key = hmac.digest(secret, _KEY_LABEL + context, "sha256")
         # Keyed once; each tag copies it, which skips re-deriving the HMAC pads per call.
-        self._mac = hmac.new(key, digestmod=hashlib.sha256)
+        self._mac = hmac.new(self._key, digestmod=hashlib.sha256)
         self._max_payload = max_bytes * _INFLATE_FACTOR
         self.max_bytes = max_bytes
 
-    def encode(self, value: msgspec.Struct) -> str:
+    def derive(self, label: bytes) -> StateCodec:
+        """A codec whose tokens this one refuses, and the reverse (keyed by ``label`` too)."""
+        return StateCodec(self._key, label, self.max_bytes)
+
+    def encode(self, value: msgspec.Struct, binding: bytes = b"") -> str:
         """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``."""
+        return self.seal(value, binding)[0]
+
+    def seal(self, value: msgspec.Struct, binding: bytes = b"") -> tuple[str, bytes]:
+        """The signed token for ``value`` (bound to ``binding``) and its tag."""
         payload = _ENCODER.encode(value)
         if len(payload) > self._max_payload:
             raise _fail(f"stream state is {len(payload)} bytes, over the limit of this server")
@@ -108,16 +120,20 @@ class StateCodec:
             if len(packed) < len(payload):
                 payload, flags = packed, _FLAG_DEFLATE
         body = bytes((VERSION, flags)) + payload
-        raw = body + self._tag(body)
-        token = base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+        tag = self._tag(body, binding)
+        token = base64.urlsafe_b64encode(body + tag).rstrip(b"=").decode("ascii")
         if len(token) > self.max_bytes:
             raise _fail(
                 f"stream state would be {len(token)} characters, over the limit of {self.max_bytes}"
             )
-        return token
+        return token, tag
 
-    def decode(self, token: object, type_: type[T]) -> T:
+    def decode(self, token: object, type_: type[T], binding: bytes = b"") -> T:
         """The value inside ``token``, verified; StreamStateError (400) for anything untrusted."""
+        return self.open(token, type_, binding)[0]
+
+    def open(self, token: object, type_: type[T], binding: bytes = b"") -> tuple[T, bytes]:
+        """The value inside ``token`` (signed bound to ``binding``), verified, and its tag."""
         if not isinstance(token, str):
             raise _fail(f"stream_state must be a string, not {type(token).__name__}")
         if len(token) > self.max_bytes:
@@ -125,28 +141,22 @@ class StateCodec:
         raw = _b64decode(token)
         if len(raw) < _HEADER + _TAG:
             raise _fail("stream_state is truncated")
-        if raw[0] != VERSION:
-            raise _fail(
-                f"stream_state has version {raw[0]}, which this server does not support "
-                f"(it reads version {VERSION}); restart the stream"
-            )
+        check_version(raw[0])
         body, tag = raw[:-_TAG], raw[-_TAG:]
-        if not hmac.compare_digest(self._tag(body), tag):
+        if not hmac.compare_digest(self._tag(body, binding), tag):
             raise _fail(
                 "stream_state failed verification: it was altered or truncated, or was issued "
                 "for another model, configuration or secret"
             )
         payload = self._unpack(body[1], body[_HEADER:])
         try:
-            return _decoder(type_).decode(payload)
+            return _decoder(type_).decode(payload), tag
         except msgspec.DecodeError as exc:
             raise _fail("stream_state does not hold a state this server can read") from exc
 
-    def _tag(self, body: bytes) -> bytes:
+    def _tag(self, body: bytes, binding: bytes = b"") -> bytes:
         mac = self._mac.copy()
-        # Version-1 tokens MAC four zero bytes first (the length of a per-call binding this codec
-        # no longer offers); kept so that states issued before still verify.
-        mac.update(_NO_BINDING)
+        mac.update(len(binding).to_bytes(4, "little") + binding)
         mac.update(body)
         return mac.digest()[:_TAG]
 
@@ -163,6 +173,34 @@ class StateCodec:
         if inflater.unconsumed_tail or inflater.unused_data or not inflater.eof:
             raise _fail("stream_state payload is corrupt or too large")
         return out
+
+
+def check_version(version: int) -> None:
+    """StreamStateError unless ``version`` (a token's first byte) is the one this build reads."""
+    if version != VERSION:
+        raise _fail(
+            f"stream_state has version {version}, which this server does not support "
+            f"(it reads version {VERSION}); restart the stream"
+        )
+
+
+def check_token_version(token: str) -> None:
+    """StreamStateError if ``token`` starts like a token of another version: a cheap look at its
+    first characters, before the parts of a stream state are split and verified."""
+    if token.startswith(_version_prefix(VERSION)):
+        return
+    try:
+        head = base64.urlsafe_b64decode(token[:4]) if len(token) >= 4 else b""
+    except (binascii.Error, ValueError):
+        return  # not base64url: verification refuses it
+    if head:
+        check_version(head[0])
+
+
+@functools.cache
+def _version_prefix(version: int) -> str:
+    # The first two characters hold the version byte and the high bits of the flags (always 0).
+    return base64.urlsafe_b64encode(bytes((version, 0, 0)))[:2].decode("ascii")
 
 
 def _b64decode(token: str) -> bytes:

@@ -1,6 +1,16 @@
 """Where a stream's state lives between calls: the parser cache first, else the signed
 ``stream_state`` the client sends back, else (a client switching over from vLLM) the output
-history, replayed from the longest cached prefix."""
+history, replayed from the longest cached prefix.
+
+A token is ``<digest>.<constant part>.<moving part>``. The constant part (``StreamFixed``: the
+request and choice, the options, the parse context) is signed once, at the stream's first call,
+and travels unchanged; each replica caches what it verified, keyed by the signed bytes (MAC
+included), so a later chunk neither re-verifies nor re-signs it. The moving part (parser and
+detokenizer state, offsets) is small and signed each chunk, bound to the constant part's tag, so
+parts of two streams or two calls cannot be mixed. The ``<digest>`` prefix only names the
+stream's entry in the parser cache. The token stays self-contained: a replica that has cached
+neither part verifies both and continues the stream.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +21,16 @@ from typing import Any
 import msgspec
 
 from render_service.abandon import check_abandoned
-from render_service.derender.machine import ChoiceMachine, ChoiceState
+from render_service.caches import ByteLRU
+from render_service.derender.machine import (
+    ChoiceMachine,
+    ChoiceState,
+    Sealed,
+    StreamFixed,
+    StreamMoving,
+)
 from render_service.derender.parser_cache import ParserCache
-from render_service.derender.stream_state import StateCodec
+from render_service.derender.stream_state import StateCodec, check_token_version
 from render_service.errors import InvalidRequest, SchemaError, StreamStateError
 from render_service.protocol.derender import GenerateChoice, GenerateChunk, VllmStreamState
 from render_service.validation import convert
@@ -26,8 +43,11 @@ _LIST_FIELDS = ("output_token_ids", "output_chunk_lens", "prev_tokens", "last_to
 
 #: The endpoints a stream state can be issued for; a state continues only its own kind.
 STREAM_KINDS = ("chat", "completions", "messages", "responses")
-# (the kind, the signed token we issued, its decoded state)
+# (the kind, the signed moving part we issued, its decoded state)
 CachedState = tuple[str, str, ChoiceState]
+# The constant parts are signed with a key of their own, so neither part passes for the other.
+_FIXED_LABEL = b"render-service/stream_state/fixed"
+_HINT_CHARS = 32
 
 
 class StreamStates:
@@ -43,11 +63,15 @@ class StreamStates:
         codecs: Mapping[str, StateCodec],
         cache: ParserCache[CachedState],
         vllm_bounds: VllmStateBounds,
+        constants: ByteLRU[str, tuple[Sealed, StreamFixed]] | None = None,
     ) -> None:
         self.machine = machine
         self.codecs = codecs
+        self.fixed_codecs = {kind: codec.derive(_FIXED_LABEL) for kind, codec in codecs.items()}
         self.cache = cache
         self.vllm_bounds = vllm_bounds
+        #: Constant parts verified here, by their signed token (one per live stream).
+        self.constants = constants if constants is not None else ByteLRU("stream_constants", 0)
 
     @property
     def codec(self) -> StateCodec:
@@ -71,27 +95,80 @@ class StreamStates:
         return state
 
     def store(self, state: ChoiceState, finished: bool, kind: str = "chat") -> str:
-        """The token for the client's next call; unfinished streams stay in the cache too."""
-        signed = self.codecs[kind].encode(state)
+        """The token for the client's next call; unfinished streams stay in the cache too.
+
+        The constant part is signed on the stream's first store only; each store signs the
+        moving part, bound to it."""
+        sealed = state.sealed
+        if sealed is None or sealed.kind != kind:
+            sealed = self._seal(state.fixed, kind)
+            state = msgspec.structs.replace(state, sealed=sealed)
+        codec = self.codecs[kind]
+        moving = codec.encode(state.moving(), sealed.tag)
+        size = len(sealed.token) + 1 + len(moving)
+        if size > codec.max_bytes:
+            raise StreamStateError(
+                f"stream state would be {size} characters, over the limit of {codec.max_bytes}",
+                _PARAM,
+            )
         if not finished:
-            self.cache.check_in(state.digest, (kind, signed, state), entry_bytes(signed))
-        return f"{state.digest.hex()}.{signed}"
+            self.cache.check_in(state.digest, (kind, moving, state), entry_bytes(size))
+        return f"{state.digest.hex()}.{sealed.token}.{moving}"
+
+    def _seal(self, fixed: StreamFixed, kind: str) -> Sealed:
+        token, tag = self.fixed_codecs[kind].seal(fixed)
+        sealed = Sealed(kind, token, tag, self.machine.parser_key(fixed.parse_request))
+        self.constants.put(token, (sealed, fixed), entry_bytes(len(token)))
+        return sealed
 
     def _decode(self, token: Any, kind: str) -> ChoiceState:
-        """A hit on the exact token we issued for this kind skips verifying and decoding it."""
-        if isinstance(token, str):
-            digest_hex, dot, signed = token.partition(".")
-            if dot and len(digest_hex) == 32:
-                digest = _digest_of(digest_hex)
-                cached = self.cache.check_out(digest) if digest is not None else None
-                if (
-                    cached is not None
-                    and cached[0] == kind
-                    and hmac.compare_digest(cached[1].encode(), signed.encode(errors="replace"))
-                ):
-                    return cached[2]
-                token = signed
-        return self.codecs[kind].decode(token, ChoiceState)
+        """``[<digest>.]<constant part>.<moving part>``, verified. A hit on the exact token we
+        issued for this kind skips verifying and decoding it; a constant part verified here
+        before is not verified again."""
+        codec = self.codecs[kind]
+        if not isinstance(token, str):
+            raise StreamStateError(
+                f"stream_state must be a string, not {type(token).__name__}", _PARAM
+            )
+        if len(token) > codec.max_bytes + _HINT_CHARS + 1:
+            raise StreamStateError(
+                f"stream_state is {len(token)} characters; the limit is {codec.max_bytes}", _PARAM
+            )
+        parts = token.split(".")
+        # An older build's token (one signed part after the hint) fails on its version first.
+        check_token_version(parts[-1])
+        if len(parts) == 3:
+            digest = _digest_of(parts[0])
+            cached = self.cache.check_out(digest) if digest is not None else None
+            if (
+                cached is not None
+                and cached[0] == kind
+                and hmac.compare_digest(cached[1], parts[2])
+                and cached[2].sealed is not None
+                and hmac.compare_digest(cached[2].sealed.token, parts[1])
+            ):
+                return cached[2]
+            parts = parts[1:]
+        if len(parts) != 2:
+            raise StreamStateError(
+                "stream_state failed verification: it is not a state this server issued (it has "
+                "no constant and moving part)",
+                _PARAM,
+            )
+        fixed_token, moving_token = parts
+        sealed, fixed = self._open_fixed(fixed_token, kind)
+        moving = codec.decode(moving_token, StreamMoving, sealed.tag)
+        return ChoiceState.join(sealed, fixed, moving)
+
+    def _open_fixed(self, token: str, kind: str) -> tuple[Sealed, StreamFixed]:
+        """A constant part verified here before, else verified now and kept."""
+        known = self.constants.get(token)
+        if known is not None and known[0].kind == kind:
+            return known
+        fixed, tag = self.fixed_codecs[kind].open(token, StreamFixed)
+        sealed = Sealed(kind, token, tag, self.machine.parser_key(fixed.parse_request))
+        self.constants.put(token, (sealed, fixed), entry_bytes(len(token)))
+        return sealed, fixed
 
     def _resume_vllm_state(
         self, raw: dict[str, Any], fresh: Callable[[], ChoiceState]
@@ -110,7 +187,7 @@ class StreamStates:
         found = self.cache.longest_prefix(start.digest, history)
         if found is not None:
             done, (_, _, state) = found
-        parser = self.machine.parser(state.parse_request)
+        parser = self.machine.parser(state.parse_request, state.parser_key)
         for offset in range(done, len(history), _REPLAY_SLICE):
             check_abandoned()
             rest = GenerateChoice(
@@ -162,11 +239,12 @@ class VllmStateBounds(msgspec.Struct, frozen=True):
         return state
 
 
-def entry_bytes(signed: str) -> int:
-    """A cached state's memory, estimated from its token: the token and the decoded state take
-    about 21 bytes of Python objects per token character (measured on Qwen3 hermes tool-call
-    states with a recursive sys.getsizeof), rounded up, plus fixed overhead (key, tuple)."""
-    return 24 * len(signed) + 1024
+def entry_bytes(chars: int) -> int:
+    """A cached state's (or constant part's) memory, estimated from its token's length: the
+    token and the decoded value take about 21 bytes of Python objects per token character
+    (measured on Qwen3 hermes tool-call states with a recursive sys.getsizeof), rounded up, plus
+    fixed overhead (key, tuple)."""
+    return 24 * chars + 1024
 
 
 def check_same_stream(state: ChoiceState, chunk: GenerateChunk) -> None:

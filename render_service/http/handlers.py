@@ -206,6 +206,7 @@ class Service:
         return [
             *self.renderer.caches(),
             CacheSize(name="stream_states", entries=stats.size, bytes=stats.bytes),
+            self.derenderer.streams.constants.size(),
             self.derenderer.machine.texts.cache.size(),
         ]
 

@@ -3,8 +3,9 @@ model's marker tokens, one parser per parse request, and how a chat request's to
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
@@ -54,6 +55,20 @@ def harmony_parser_flags(settings: Settings) -> tuple[str, str | None]:
             f"(the default) and --tool-call-parser {HARMONY_TOOLS}"
         )
     return reasoning, tool
+
+
+class ParserKey(NamedTuple):
+    """What the parser cache keys a parse request by: a digest of its encoding, and the
+    encoding's length (the cached parser's size is estimated from it)."""
+
+    digest: bytes
+    size: int
+
+
+def parser_key(request: ParseRequest) -> ParserKey:
+    """The key of ``request``'s parser; a stream computes it once and reuses it every chunk."""
+    encoded = _PARSE_REQUEST_ENCODER.encode(request)
+    return ParserKey(hashlib.blake2b(encoded, digest_size=16).digest(), len(encoded))
 
 
 @dataclass(frozen=True)
@@ -123,10 +138,12 @@ class ParsingSetup:
         data = msgspec.to_builtins(context) if isinstance(context, ParseContext) else context
         return msgspec.convert({**data, "enable_auto_tools": self.has_tools}, ParseRequest)
 
-    def parser(self, request: ParseRequest) -> ChatParser | None:
-        """The parser for a request; streams reuse one per distinct parse request."""
-        key = _PARSE_REQUEST_ENCODER.encode(request)
-        cached = self.parsers.get(key)
+    def parser(self, request: ParseRequest, key: ParserKey | None = None) -> ChatParser | None:
+        """The parser for a request (``key``: its ``parser_key``, if known); streams reuse one
+        per distinct parse request."""
+        if key is None:
+            key = parser_key(request)
+        cached = self.parsers.get(key.digest)
         if cached is not None:
             return cached[0]
         # Two threads may build the same parser once each.
@@ -137,8 +154,8 @@ class ParsingSetup:
             request,
             tool_strict_level=self.tool_strict_level,
         )
-        size = _PARSER_BYTES_PER_KEY_BYTE * len(key) + _PARSER_OVERHEAD_BYTES
-        self.parsers.put(key, (parser,), size)
+        size = _PARSER_BYTES_PER_KEY_BYTE * key.size + _PARSER_OVERHEAD_BYTES
+        self.parsers.put(key.digest, (parser,), size)
         return parser
 
     def render_hints(self, context: ParseContext, prompt_ids: list[int]) -> RenderHints:

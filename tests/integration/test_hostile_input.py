@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
+from render_service.derender.stream_state import VERSION
 from tests.integration.server import RunningServer, running_server
 
 CHAT = "/v1/chat/completions/render"
@@ -122,27 +123,39 @@ def template(source: str) -> bytes:
     return chat(chat_template=source)
 
 
-def _split_state(state: str) -> tuple[str, bytearray]:
-    """Our token is ``<cache digest hex>.<signed envelope, base64url>``."""
-    digest, _, signed = state.partition(".")
-    return digest, bytearray(base64.urlsafe_b64decode(signed + "=" * (-len(signed) % 4)))
+def _split_state(state: str, part: int) -> tuple[list[str], bytearray]:
+    """Our token is ``<cache digest hex>.<constant part>.<moving part>``, each part a signed
+    envelope in base64url: the parts, and part ``part`` decoded."""
+    parts = state.split(".")
+    signed = parts[part]
+    return parts, bytearray(base64.urlsafe_b64decode(signed + "=" * (-len(signed) % 4)))
 
 
-def _join_state(digest: str, raw: bytearray) -> str:
-    return digest + "." + base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
+def _join_state(parts: list[str], raw: bytearray, part: int) -> str:
+    parts[part] = base64.urlsafe_b64encode(bytes(raw)).rstrip(b"=").decode()
+    return ".".join(parts)
 
 
 def resigned_version(state: str, version: int) -> str:
-    """The state with its version byte changed (it cannot be re-signed without the secret)."""
-    digest, raw = _split_state(state)
-    raw[0] = version
-    return _join_state(digest, raw)
+    """The state with the version byte of both parts changed (it cannot be re-signed without
+    the secret)."""
+    for part in (1, 2):
+        parts, raw = _split_state(state, part)
+        raw[0] = version
+        state = _join_state(parts, raw, part)
+    return state
 
 
-def flipped(state: str) -> str:
-    digest, raw = _split_state(state)
+def flipped(state: str, part: int = 2) -> str:
+    parts, raw = _split_state(state, part)
     raw[len(raw) // 2] ^= 0x01
-    return _join_state(digest, raw)
+    return _join_state(parts, raw, part)
+
+
+def forged() -> str:
+    """Two parts of the right version, signed by no one."""
+    part = base64.urlsafe_b64encode(bytes([VERSION, 0]) + b"\x07" * 60).rstrip(b"=").decode()
+    return f"{part}.{part}"
 
 
 Build = Callable[[Ctx], Case]
@@ -385,9 +398,7 @@ CASES: list[tuple[str, Build]] = [
         "state_random_forgery",
         lambda c: Case(
             DERENDER,
-            derender_chunk(
-                [1], base64.urlsafe_b64encode(bytes([1, 0]) + b"\x07" * 60).rstrip(b"=").decode()
-            ),
+            derender_chunk([1], forged()),
             400,
             "verification",
         ),
@@ -395,6 +406,10 @@ CASES: list[tuple[str, Build]] = [
     (
         "state_bit_flip",
         lambda c: Case(DERENDER, derender_chunk([1], flipped(c.state)), 400, "verification"),
+    ),
+    (
+        "state_constant_part_bit_flip",
+        lambda c: Case(DERENDER, derender_chunk([1], flipped(c.state, 1)), 400, "verification"),
     ),
     (
         "state_old_version",

@@ -66,6 +66,18 @@ def single_stream(
 ) -> list[dict[str, Any]]:
     """vLLM's client loop, one id per call: the derendered chunks (``lean``: later calls send
     neither the prompt nor the chat request)."""
+    return [answer for _, answer in run_stream([client], prompt, output, request_id, lean)]
+
+
+def run_stream(
+    replicas: list[TestClient],
+    prompt: list[int],
+    output: list[int],
+    request_id: str,
+    lean: bool = True,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The client loop with chunk i sent to ``replicas[i % len(replicas)]``: each call's state
+    and derendered chunk."""
     state: Any = None
     out = []
     for i, token in enumerate(output):
@@ -76,8 +88,8 @@ def single_stream(
         }
         if not lean or state is None:
             body |= {"prompt_token_ids": prompt, "chat_request": CHAT}
-        response = client.post(PATH, json=body)
+        response = replicas[i % len(replicas)].post(PATH, json=body)
         assert response.status_code == 200, response.text
         state = response.json()["stream_state"]
-        out.append(same(response.json()["chunk"]))
+        out.append((state, same(response.json()["chunk"])))
     return out
