@@ -8,11 +8,13 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import Request
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from render_service.derender import build_derenderer
 from render_service.http import metrics
-from render_service.http.errors import http_error
+from render_service.http.errors import Handler, http_error
 from render_service.http.handlers import Service
 from render_service.render import Renderer
 
@@ -56,11 +58,42 @@ def build_app(renderer: Renderer) -> Starlette:
         finally:
             service.close()
 
+    # The streaming derender endpoints answer once per generated chunk: they skip the router.
+    direct = {
+        route.path: route.endpoint
+        for route in routes
+        if route.path.startswith("/v1/chat/completions/derender")
+    }
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: http_error},
-        middleware=[Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes])],
+        middleware=[
+            Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes]),
+            Middleware(DirectRoutes, routes=direct),
+        ],
         lifespan=lifespan,
     )
     app.state.service = service
     return app
+
+
+class DirectRoutes:
+    """Sends a POST to one of ``routes`` (path -> guarded handler) straight to its handler.
+
+    The router and its exception wrappers add nothing there: a guarded handler answers every
+    error itself (``errors.guarded``). Anything else, and any path under a root path, goes on
+    to the router as before.
+    """
+
+    def __init__(self, app: ASGIApp, routes: dict[str, Handler]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            handler = self.routes.get(scope["path"])
+            if handler is not None:
+                response = await handler(Request(scope, receive, send))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

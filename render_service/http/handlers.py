@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from render_service import __version__
@@ -174,31 +174,53 @@ class Service:
 
     async def body(self, request: Request, formats: tuple[str, ...] = (JSON,)) -> bytes:
         """The whole body, within --max-body-bytes, of one of ``formats`` (content types)."""
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        return (await self.typed_body(request, formats))[0]
+
+    async def typed_body(
+        self, request: Request, formats: tuple[str, ...] = (JSON,)
+    ) -> tuple[bytes, str]:
+        """The whole body and its content type (one of ``formats``), within --max-body-bytes.
+
+        Reads the ASGI messages itself (one pass over the headers, no stream wrapper): this
+        runs once per streamed chunk."""
+        content_type, declared = "", b""
+        for name, value in request.scope["headers"]:
+            if name == b"content-type":
+                content_type = value.decode("latin-1").split(";")[0].strip().lower()
+            elif name == b"content-length":
+                declared = value
         if content_type not in formats:
             allowed = " or ".join(f"'{f}'" for f in formats)
             raise SchemaError(
                 f"1 validation error:\n  Unsupported Media Type: Only {allowed} is allowed"
             )
-        too_large = BodyTooLarge(
-            f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
-        )
         # The 413 goes out at once; the rest of the body is then dropped unread while the
         # connection closes (a lingering close, http.connections), so the client can read it.
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise too_large
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise self._too_large()
         chunks = []
         size = 0
-        async for chunk in request.stream():
+        receive = request.receive
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ClientDisconnect()
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                raise too_large
+                raise self._too_large()
             chunks.append(chunk)
-        data = b"".join(chunks)
+            if not message.get("more_body", False):
+                break
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if content_type == JSON and not data.isascii():
             data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
-        return data
+        return data, content_type
+
+    def _too_large(self) -> BodyTooLarge:
+        return BodyTooLarge(
+            f"Request body exceeds the limit of {self.max_body_bytes} bytes (--max-body-bytes)."
+        )
 
     def caches(self) -> list[CacheSize]:
         """Every per-process cache's size (for /metrics)."""
@@ -313,8 +335,7 @@ class Service:
 
     async def derender_chat_streams(self, request: Request) -> Response:
         """Ours: one engine step's chunks of many chat streams, JSON or msgpack."""
-        data = await self.body(request, (JSON, MSGPACK))
-        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        data, content_type = await self.typed_body(request, (JSON, MSGPACK))
         body = decode_body(data, _chat_streams_decoders[content_type])
         self.limits.check_request(body)
         result = await self.run(

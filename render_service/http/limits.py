@@ -46,6 +46,19 @@ _FREE_FORM_FIELDS = (
 )
 
 
+def _free_form_fields(type_: type[Any]) -> tuple[str, ...]:
+    """The free-form fields a body type has (found once per type, not per request)."""
+    found = _FREE_FORM_BY_TYPE.get(type_)
+    if found is None:
+        fields = getattr(type_, "__struct_fields__", None)
+        found = tuple(n for n in _FREE_FORM_FIELDS if fields is None or n in fields)
+        _FREE_FORM_BY_TYPE[type_] = found  # one entry per body type: a bounded set
+    return found
+
+
+_FREE_FORM_BY_TYPE: dict[type[Any], tuple[str, ...]] = {}
+
+
 def _exceeded(what: str, got: int, limit: int, flag: str, param: str) -> LimitExceeded:
     return LimitExceeded(f"{what} is {got}, over this server's limit of {limit} ({flag}).", param)
 
@@ -132,7 +145,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         tools = getattr(body, "tools", None)
         if isinstance(tools, list) and tools:
             self.check_tools(tools)
-        for name in _FREE_FORM_FIELDS:
+        for name in _free_form_fields(type(body)):
             value = getattr(body, name, None)
             if isinstance(value, (dict, list)):
                 check_depth(value, self.max_json_depth, name)

@@ -6,7 +6,8 @@ and derender code calls to count work the middleware cannot see in a response st
 
     tokens_rendered(n)      prompt ids produced by a render
     mm_items(modality, n)   multimodal items (images, ...) in a render
-    derender_chunk(tokens)  one derender call and the generated ids it consumed
+    derender_chunk(tokens, chunks)  derender chunks (one per call or per stream of a
+                            multi-stream call) and the generated ids they consumed
     observe_derender(body, cache)  derender_chunk read off a derender body, plus the parser
                             cache's own counters (so the cache itself needs no hooks)
     cache_event(kind)       parser-cache "hit" | "miss" | "eviction" | "expiration", for a cache
@@ -175,8 +176,8 @@ def mm_items(modality: str, count: int = 1) -> None:
     MM_ITEMS.labels(modality).inc(count)
 
 
-def derender_chunk(tokens: int = 0) -> None:
-    DERENDER_CHUNKS.inc()
+def derender_chunk(tokens: int = 0, chunks: int = 1) -> None:
+    DERENDER_CHUNKS.inc(chunks)
     if tokens:
         DERENDER_TOKENS.inc(tokens)
 
@@ -203,17 +204,18 @@ def observe_derender(body: Any, cache: Any) -> None:
     ``evictions``, ``expirations`` and the current ``size``. Called on the event loop only.
     """
     items = getattr(body, "items", None)  # a multi-stream derender: one chunk per stream
+    tokens = 0
     for item in items if items is not None else (body,):
         responses = (
             getattr(item, "generate_responses", None)
             or getattr(item, "generate_chunks", None)
             or [getattr(item, "generate_chunk", None) or getattr(item, "generate_response", None)]
         )
-        tokens = 0
         for response in responses:
             for choice in getattr(response, "choices", None) or ():
                 tokens += len(choice.token_ids or ())
-        derender_chunk(tokens)
+    # One update per call, not per item (each is a locked, in multiprocess mode a file, write).
+    derender_chunk(tokens, len(items) if items is not None else 1)
     stats = cache.stats()
     # Each cache's cumulative counters as last reported, so each call adds only what is new.
     seen = _cache_seen.setdefault(cache, dict.fromkeys(_CACHE_EVENT_NAMES, 0))

@@ -9,7 +9,7 @@ nothing is concatenated.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -62,12 +62,27 @@ def encode_parts(result: Any, encoded: Sequence[T]) -> list[bytes | T]:
 class MsgspecResponse(Response):
     media_type = "application/json"
 
+    def __init__(
+        self, content: Any, status_code: int = 200, headers: Mapping[str, str] | None = None
+    ) -> None:
+        if headers is not None:
+            super().__init__(content, status_code, headers)
+            return
+        # The common case, once per streamed chunk: its two headers without Starlette's merging.
+        self.status_code = status_code
+        self.background = None
+        self.body = body = self.render(content)
+        self.raw_headers = [(b"content-length", b"%d" % len(body)), self._content_type]
+
+    _content_type = (b"content-type", b"application/json")
+
     def render(self, content: Any) -> bytes:
         return _encoder.encode(content)
 
 
-class MsgpackResponse(Response):
+class MsgpackResponse(MsgspecResponse):
     media_type = "application/msgpack"
+    _content_type = (b"content-type", b"application/msgpack")
 
     def render(self, content: Any) -> bytes:
         return _msgpack.encode(content)
