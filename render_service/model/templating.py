@@ -233,6 +233,10 @@ def _template_tool_call(call: Any) -> Any:
             arguments = json.loads(function["arguments"])
         except ValueError:
             return call
+        except RecursionError:
+            raise InvalidRequest(
+                "tool call arguments are nested too deeply to render", "messages"
+            ) from None
         return {**call, "function": {**function, "arguments": arguments}}
     return call
 
@@ -270,7 +274,15 @@ def apply_template(
         return chat_jinja.render_chat(template, conversation, tools, special_tokens, call_kwargs)
     except jinja2.TemplateError as exc:
         raise InvalidRequest(str(exc)) from exc
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        ArithmeticError,  # a template's arithmetic on request values, its range limit
+        RecursionError,  # deeply nested request values
+    ) as exc:
         raise InvalidRequest(f"chat template failed: {exc}") from exc
 
 
