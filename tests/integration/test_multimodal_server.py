@@ -56,8 +56,10 @@ def test_bad_images_and_text_at_the_same_time(images: MediaServer, tmp_path: Pat
         "bomb_data_url": chat_body(data_url(png_bomb())),
         "not_image": chat_body(data_url(b"plain text")),
     }
+    # /slow answers after 3 s; 2 s leaves the good images' fetches room on a loaded machine
+    # (0.5 s timed them out in a CI run at load ~10).
     with (
-        serve(tmp_path, "--allow-private-media-urls", "--media-fetch-timeout", "0.5") as server,
+        serve(tmp_path, "--allow-private-media-urls", "--media-fetch-timeout", "2") as server,
         ThreadPoolExecutor(max_workers=8) as pool,
     ):
         image_jobs = {name: pool.submit(post, server, body) for name, body in bad.items()}
