@@ -183,3 +183,14 @@ def test_a_body_over_the_limit_sent_in_one_piece_gets_a_readable_413(
     assert b"--max-body-bytes" in answer
     assert b"\r\nconnection: close\r\n" in answer.lower()  # the unread rest is never parsed
     assert_serves(server)
+
+
+def test_pipelined_requests_get_their_answers_whole_and_in_order(server: RunningServer) -> None:
+    # Each answer's head is held for its body (http.connections): nothing may be reordered.
+    first = b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = exchange(server, first + first + request())
+    parts = answer.split(b"HTTP/1.1 200 OK\r\n")
+    assert parts[0] == b"" and len(parts) == 4, answer[:600]
+    assert b'"version"' in parts[1] and b'"version"' in parts[2], answer[:600]
+    assert b'"version"' not in parts[3]
+    assert_serves(server)
