@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from render_service.http.deadlines import Deadlines
 from render_service.protocol.server import ErrorInfo, ErrorResponse
 from render_service.settings import DEFAULTS, Settings
 
@@ -70,6 +71,8 @@ class ConnectionLimits(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _limits = ConnectionLimits()
+# Every connection's header deadline, on one loop timer (armed once per request otherwise).
+_header_deadlines: Deadlines | None = None
 
 
 def configure(limits: ConnectionLimits) -> None:
@@ -107,7 +110,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._raw_header_bytes = 0
         self._header_bytes = 0
         self._header_count = 0
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._header_timer: int | None = None  # its key in _deadlines
+        self._deadlines: Deadlines | None = None
         self._refused: bytes | None = None
         self._lingering = False
         self._discarded = 0
@@ -259,13 +263,15 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self._cycle_transport.flush()
 
     def _arm_header_timer(self) -> None:
+        global _header_deadlines
         timeout = self._limits.header_timeout
         if timeout > 0:
-            self._header_timer = self.loop.call_later(timeout, self._header_timed_out)
+            _header_deadlines = self._deadlines = Deadlines.of(_header_deadlines, timeout)
+            self._header_timer = self._deadlines.start(self._header_timed_out)
 
     def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
+        if self._header_timer is not None and self._deadlines is not None:
+            self._deadlines.stop(self._header_timer)
             self._header_timer = None
 
     def _header_timed_out(self) -> None:

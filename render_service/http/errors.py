@@ -21,6 +21,7 @@ from render_service.errors import (
     Unauthorized,
 )
 from render_service.http.auth import ApiKey
+from render_service.http.deadlines import Deadlines
 from render_service.http.responses import MsgspecResponse
 from render_service.protocol.server import (
     DetailResponse,
@@ -48,8 +49,10 @@ def error_response(exc: RenderServiceError) -> Response:
 
 def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Handler:
     """``handler`` behind the API key and the request timeout, with every error answered."""
+    deadlines: Deadlines | None = None  # of the running loop (a server runs one)
 
     async def endpoint(request: Request) -> Response:
+        nonlocal deadlines
         try:
             if api_key is not None:
                 api_key.check(request)
@@ -57,9 +60,23 @@ def guarded(handler: Handler, *, timeout: float, api_key: ApiKey | None) -> Hand
                 return await handler(request)
             # Cancelling the wait also cancels a render still queued for a worker thread; one
             # already running finishes its (limit-bounded) work, with no one waiting for it.
-            # A timeout scope, unlike wait_for, runs the handler in this task (no task per call).
-            async with asyncio.timeout(timeout):
-                return await handler(request)
+            # One timer per loop for all requests' deadlines (http.deadlines); an expired
+            # request's task is cancelled, and its cancellation becomes the TimeoutError.
+            task = asyncio.current_task()
+            assert task is not None
+            deadlines = mine = Deadlines.of(deadlines, timeout)
+            key = mine.start(task.cancel)
+            try:
+                response = await handler(request)
+            except BaseException as exc:
+                if not mine.stop(key):
+                    task.uncancel()
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise TimeoutError from exc
+                raise
+            if not mine.stop(key):
+                task.uncancel()
+            return response
         except TimeoutError:
             return error_response(
                 RequestTimeout(
