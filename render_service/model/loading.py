@@ -5,16 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import tokenizers
 
 from render_service.errors import InvalidRequest, ModelNotFound
 from render_service.model.harmony import HARMONY_MODEL_TYPES, HarmonyEncoder
+from render_service.model.hf_tokenizer import HFTokenizer, load_without_transformers
 from render_service.model.mistral import MistralTokenizer
 
 # config.json keys that bound the context, as vLLM reads them (the smallest wins).
@@ -156,17 +157,21 @@ def _as_ids(value: Any) -> tuple[int, ...]:
 class Model:
     """A loaded model: its tokenizer and plain facts.
 
-    In vLLM's default tokenizer mode that is a Hugging Face tokenizer (`hf_tokenizer`, and its
-    fast `backend`); with `--tokenizer-mode mistral` it is Mistral's tekken (`mistral`), and
-    the HF fields are None. The methods below are the seam the rest of the service uses.
+    In vLLM's default tokenizer mode that is a Hugging Face tokenizer (`hf`: its fast `backend`
+    and special-token facts, loaded with or without transformers); with `--tokenizer-mode
+    mistral` it is Mistral's tekken (`mistral`), and the HF fields are None. The methods below
+    are the seam the rest of the service uses.
     """
 
     info: ModelInfo
-    hf_tokenizer: Any
+    hf: HFTokenizer | None
     backend: tokenizers.Tokenizer | None
     mistral: MistralTokenizer | None = None
     #: The Harmony encoding, for models vLLM renders with Harmony (gpt-oss).
     harmony: HarmonyEncoder | None = None
+    #: transformers' tokenizer when it loaded the model, else how to load it on demand.
+    _transformers: Any = field(default=None, repr=False, compare=False)
+    _tokenizer_source: tuple[str, bool] | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def identity(self) -> bytes:
@@ -188,9 +193,18 @@ class Model:
     @cached_property
     def special_tokens_map(self) -> dict[str, Any]:
         """The tokenizer's special tokens by role (``eos_token``, ...): chat templates see them."""
-        if self.hf_tokenizer is None:
+        if self.hf is None:
             return {}
-        return dict(self.hf_tokenizer.special_tokens_map)
+        return dict(self.hf.special_tokens_map)
+
+    @cached_property
+    def hf_tokenizer(self) -> Any:
+        """transformers' tokenizer (None in Mistral mode). A model loaded without transformers
+        loads it here on first use: only tests and tools ask, never the render path."""
+        if self._transformers is not None or self._tokenizer_source is None:
+            return self._transformers
+        path, trust_remote_code = self._tokenizer_source
+        return _transformers_tokenizer(Path(path), trust_remote_code)
 
     def tokenizer_bytes(self) -> bytes:
         """The whole tokenizer as bytes (the HF tokenizer's JSON, or every tekken token)."""
@@ -206,6 +220,14 @@ class Model:
         return int(self.hf_backend.get_vocab_size(with_added_tokens=True))
 
     @property
+    def _hf(self) -> HFTokenizer:
+        if self.hf is None:
+            raise RuntimeError(
+                "this model has no Hugging Face tokenizer (--tokenizer-mode mistral)"
+            )
+        return self.hf
+
+    @property
     def hf_backend(self) -> tokenizers.Tokenizer:
         """The fast HF tokenizer (not in Mistral mode)."""
         if self.backend is None:
@@ -218,21 +240,24 @@ class Model:
         if self.mistral is not None:
             return self.mistral.control_tokens()
         return {
-            tok.content: tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items()
+            tok.content: tok_id
+            for tok_id, tok in self.hf_backend.get_added_tokens_decoder().items()
         }
 
     def special_ids(self) -> frozenset[int]:
         if self.mistral is not None:
             return self.mistral.special_ids
-        return frozenset(self.hf_tokenizer.all_special_ids) | frozenset(
-            tok_id for tok_id, tok in self.hf_tokenizer.added_tokens_decoder.items() if tok.special
+        return frozenset(self._hf.all_special_ids) | frozenset(
+            tok_id
+            for tok_id, tok in self.hf_backend.get_added_tokens_decoder().items()
+            if tok.special
         )
 
     def stream_special_ids(self) -> frozenset[int]:
         """The ids vLLM's incremental detokenizer skips with `skip_special_tokens`."""
         if self.mistral is not None:
             return self.mistral.dropped_ids
-        return frozenset(self.hf_tokenizer.all_special_ids)
+        return frozenset(self._hf.all_special_ids)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Ids of a prompt text (`add_special_tokens`: the tokenizer's BOS and the like)."""
@@ -249,7 +274,10 @@ class Model:
         """Each id's own token string (`convert_ids_to_tokens`)."""
         if self.mistral is not None:
             return [self.mistral.piece(i) for i in ids]
-        return list(self.hf_tokenizer.convert_ids_to_tokens(ids))
+        # transformers' convert_ids_to_tokens: the backend's id_to_token of each id (the ids of
+        # an encode, so never unknown).
+        backend = self.hf_backend
+        return cast(list[str], [backend.id_to_token(int(i)) for i in ids])
 
     def known(self, token_id: int) -> bool:
         """Whether the id has a vocabulary entry."""
@@ -307,17 +335,25 @@ def load_model(
     tokenizer_config = read_json(tokenizer_path / "tokenizer_config.json")
     generation = _generation_config(path, generation_config)
     mistral: MistralTokenizer | None = None
-    hf_tokenizer: Any = None
+    hf: HFTokenizer | None = None
+    transformers_tokenizer: Any = None
+    eos_token_id: int | None
+    bos_token_id: int | None
     if tokenizer_mode == "mistral":
         mistral = MistralTokenizer.from_directory(tokenizer_path)
         eos_token_id, bos_token_id = mistral.eos_token_id, mistral.bos_token_id
     else:
-        from transformers import AutoTokenizer
-
-        hf_tokenizer = AutoTokenizer.from_pretrained(
-            str(tokenizer_path), local_files_only=True, trust_remote_code=trust_remote_code
-        )
-        eos_token_id, bos_token_id = hf_tokenizer.eos_token_id, hf_tokenizer.bos_token_id
+        if not trust_remote_code:
+            tokenizer_model_type = read_json(tokenizer_path / "config.json").get("model_type")
+            hf = load_without_transformers(
+                tokenizer_path,
+                tokenizer_config,
+                tokenizer_model_type if isinstance(tokenizer_model_type, str) else None,
+            )
+        if hf is None:
+            transformers_tokenizer = _transformers_tokenizer(tokenizer_path, trust_remote_code)
+            hf = HFTokenizer.from_transformers(transformers_tokenizer)
+        eos_token_id, bos_token_id = hf.eos_token_id, hf.bos_token_id
     derived_len = _max_model_len(config)
     if max_model_len is not None and max_model_len > derived_len:
         raise InvalidRequest(
@@ -347,11 +383,28 @@ def load_model(
         chat_template=template,
     )
     if mistral is not None:
-        return Model(info=info, hf_tokenizer=None, backend=None, mistral=mistral)
-    backend = hf_tokenizer.backend_tokenizer
+        return Model(info=info, hf=None, backend=None, mistral=mistral)
+    assert hf is not None
+    backend = hf.backend
     harmony = None
     if info.model_type in HARMONY_MODEL_TYPES:
         harmony = HarmonyEncoder.load(
             lambda text: backend.encode(text, add_special_tokens=False).ids
         )
-    return Model(info=info, hf_tokenizer=hf_tokenizer, backend=backend, harmony=harmony)
+    return Model(
+        info=info,
+        hf=hf,
+        backend=backend,
+        harmony=harmony,
+        _transformers=transformers_tokenizer,
+        _tokenizer_source=(str(tokenizer_path), trust_remote_code),
+    )
+
+
+def _transformers_tokenizer(path: Path, trust_remote_code: bool) -> Any:
+    """``AutoTokenizer.from_pretrained`` as vLLM calls it (offline)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(
+        str(path), local_files_only=True, trust_remote_code=trust_remote_code
+    )
