@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import io
 import logging
 import os
@@ -54,10 +55,24 @@ def create_app() -> Starlette:
         raise
     tune_thread_switching(renderer.multimodal is not None)
     app = build_app(renderer)
+    freeze_loaded_objects()
     # uvicorn calls this factory inside its capture_signals(), so its SIGTERM handler is in place
     # and /ready can turn 503 the moment the drain starts.
     lifecycle.chain_drain_signal()
     return app
+
+
+def freeze_loaded_objects() -> None:
+    """Take what the worker has loaded (model, tokenizer, templates, code) out of the garbage
+    collector's sight: it lives as long as the process, yet a full collection walked all of it.
+
+    On Qwen3 a full collection took 70-180 ms of CPU after loading and ran every few thousand
+    streamed chunks, which made short measurements jump by hundreds of microseconds per chunk;
+    after the freeze it scans only what requests made. Garbage is collected first, so none of it
+    is kept forever.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 # How long a worker process may take to load its model before uvicorn restarts it. uvicorn's
