@@ -385,6 +385,14 @@ class MultiRun(msgspec.Struct):
     server_cpu_s: float = 0.0
 
 
+def multi_steps(streams: int, chunks: int, ids: int, least: int = 1) -> int:
+    """Measured engine steps for a multi-stream row of ``streams`` streams: at least ``least``
+    and enough for ``chunks`` chunks (server CPU is read in 10 ms ticks, so a row of 128 chunks
+    could move by 78 µs per chunk on one tick), within the ``ids`` output ids (the first step
+    is not measured)."""
+    return max(1, min(ids - 1, max(least, -(-chunks // streams))))
+
+
 def multi_stream(
     client: httpx.Client,
     cpu: CpuReader,

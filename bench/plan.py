@@ -32,6 +32,8 @@ class Plan(msgspec.Struct, frozen=True):
     bytes_chunks: int = 128
     multi_streams: tuple[int, ...] = (16, 64, 256)
     multi_steps: int = 32
+    #: Chunks each one-call-per-step row measures at least (more steps for fewer streams).
+    multi_chunks: int = 4096
     multi_turns: int = 20
     multi_turn_conversations: int = 20
 

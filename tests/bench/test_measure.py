@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.measure import percentile, predicted_stream_s
+from bench.measure import multi_steps, percentile, predicted_stream_s
 
 
 def test_flat_per_call_cost_extrapolates_linearly() -> None:
@@ -34,3 +34,11 @@ def test_p99_is_nearest_rank() -> None:
     assert percentile(values, 99) == 99.0
     assert percentile(values[:20], 99) == 20.0
     assert percentile([5.0], 50) == 5.0
+
+
+def test_multi_steps_reach_the_chunk_count_within_the_output() -> None:
+    assert multi_steps(256, 4096, 256) == 16
+    assert multi_steps(64, 4096, 256) == 64
+    assert multi_steps(16, 4096, 256) == 255  # the first of 256 ids is not measured
+    assert multi_steps(256, 4096, 256, least=32) == 32
+    assert multi_steps(100, 1000, 256) == 10  # rounded up
