@@ -4,9 +4,9 @@ Wire layout, then base64url without padding::
 
     version (1 byte) | flags (1 byte) | msgpack payload, raw-deflated if flags & 1 | tag (16 bytes)
 
-The tag is keyed BLAKE2b (BLAKE2's own MAC mode, RFC 7693; one native call per tag, where HMAC
-costs four) over the length of an optional *binding* (4 bytes), the binding, then everything
-before the tag, keyed by a key derived (HMAC-SHA256) from the shared secret and the caller's
+The tag is keyed BLAKE2b (BLAKE2's own MAC mode, RFC 7693; the keyed state is made once per
+codec and copied for each tag) over the length of an optional *binding* (4 bytes), the binding,
+then everything before the tag, keyed by a key derived (HMAC-SHA256) from the shared secret and the caller's
 *context* (a fingerprint of model, parser config and derender-relevant flags), so a state issued
 for another model, configuration or secret fails verification. The binding ties a token to
 another one without carrying it: a stream's moving part is bound to the tag of its constant part
@@ -87,20 +87,29 @@ class StateCodec:
     checked before any other work on decode. Thread-safe: it is never mutated after construction.
     """
 
-    __slots__ = ("_key", "_max_payload", "max_bytes")
+    __slots__ = ("_deflate_min", "_key", "_mac", "_max_payload", "max_bytes")
 
-    def __init__(self, secret: bytes, context: bytes, max_bytes: int = 8192) -> None:
+    def __init__(
+        self, secret: bytes, context: bytes, max_bytes: int = 8192, deflate_min: int = _DEFLATE_MIN
+    ) -> None:
         if not secret:
             raise ValueError("the stream_state secret must not be empty")
         if max_bytes < _HEADER + _TAG + 8:
             raise ValueError(f"max_bytes={max_bytes} is too small for a stream_state")
         self._key = hmac.digest(secret, _KEY_LABEL + context, "sha256")
+        # Keyed once: each tag copies this state instead of absorbing the key block again.
+        self._mac = hashlib.blake2b(key=self._key, digest_size=_TAG)
         self._max_payload = max_bytes * _INFLATE_FACTOR
+        self._deflate_min = deflate_min
         self.max_bytes = max_bytes
 
-    def derive(self, label: bytes) -> StateCodec:
-        """A codec whose tokens this one refuses, and the reverse (keyed by ``label`` too)."""
-        return StateCodec(self._key, label, self.max_bytes)
+    def derive(self, label: bytes, deflate_min: int = _DEFLATE_MIN) -> StateCodec:
+        """A codec whose tokens this one refuses, and the reverse (keyed by ``label`` too).
+
+        ``deflate_min``: payloads from this many bytes are deflated where that makes them
+        shorter (a token signed once and sent with every chunk gains from it even when small).
+        """
+        return StateCodec(self._key, label, self.max_bytes, deflate_min)
 
     def encode(self, value: msgspec.Struct, binding: bytes = b"") -> str:
         """The signed token for ``value``; StreamStateError if it would exceed ``max_bytes``."""
@@ -112,7 +121,7 @@ class StateCodec:
         if len(payload) > self._max_payload:
             raise _fail(f"stream state is {len(payload)} bytes, over the limit of this server")
         flags = 0
-        if len(payload) >= _DEFLATE_MIN:
+        if len(payload) >= self._deflate_min:
             deflater = zlib.compressobj(6, zlib.DEFLATED, _DEFLATE_WBITS, _DEFLATE_MEMLEVEL)
             packed = deflater.compress(payload) + deflater.flush()
             if len(packed) < len(payload):
@@ -153,8 +162,9 @@ class StateCodec:
             raise _fail("stream_state does not hold a state this server can read") from exc
 
     def _tag(self, body: bytes, binding: bytes = b"") -> bytes:
-        data = len(binding).to_bytes(4, "little") + binding + body
-        return hashlib.blake2b(data, key=self._key, digest_size=_TAG).digest()
+        mac = self._mac.copy()
+        mac.update(len(binding).to_bytes(4, "little") + binding + body)
+        return mac.digest()
 
     def _unpack(self, flags: int, payload: bytes) -> bytes:
         if flags == 0:

@@ -172,11 +172,11 @@ def test_a_replica_verifies_a_constant_part_once(
 
 def test_the_constant_cache_is_bounded_by_bytes(model_dir: Path, server: Setup) -> None:
     _, _, prompt, output = server
-    small = client_for(model_dir, stream_constants_cache_bytes=64 * 1024)
+    small = client_for(model_dir, stream_constants_cache_bytes=32 * 1024)
     for k in range(8):
         first_calls(small, prompt, output, f"split-bounded-{k}", calls=1)
     size = streams_of(small).constants.size()
-    assert 0 < size.bytes <= 64 * 1024
+    assert 0 < size.bytes <= 32 * 1024
     assert size.entries < 8
     small.post("/v1/chat/completions/render", json=CHAT)
     metrics = small.get("/metrics")
