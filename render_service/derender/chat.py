@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +12,7 @@ import msgspec
 from parsers import ChatParser, ParseRequest, tool_call_id
 from render_service.derender import logprobs as lp
 from render_service.derender.assembly import chunk_usage, delta_parts, message_parts, now
-from render_service.derender.inputs import Check, StreamInputs, no_check
+from render_service.derender.inputs import NO_INPUTS, Check, StreamInputs, no_check
 from render_service.derender.machine import ChoiceState, OutputOptions
 from render_service.derender.stop_strings import StopStrings, refuse_in_stream
 from render_service.derender.streams import check_same_stream
@@ -188,14 +187,16 @@ def stream_inputs(
     values."""
     if isinstance(body, DerenderChatStreamRequest):
         return StreamInputs(body.prompt_token_ids, body.chat_request)
+    if body.prompt_token_ids is msgspec.UNSET and body.chat_request is msgspec.UNSET:
+        return NO_INPUTS  # a lean call, most chunks of a stream
     return StreamInputs.of_raw(
         body.prompt_token_ids, body.chat_request, check or no_check, msgpack=msgpack
     )
 
 
-@dataclass(frozen=True)
-class StreamCall:
-    """One streaming call of one choice, whichever endpoint carried it."""
+class StreamCall(msgspec.Struct, frozen=True):
+    """One streaming call of one choice, whichever endpoint carried it (a Struct: one is made
+    per item of a multi-stream call, and a frozen dataclass took longer to build)."""
 
     model: str | None
     chunks: Sequence[GenerateChunk]
@@ -261,7 +262,7 @@ def _load(d: Derenderer, call: StreamCall, chunk: GenerateChunk) -> ChoiceState:
     except RenderServiceError:
         inputs.validate()  # a body with bad inputs too answers as a whole decode would
         raise
-    if not inputs.digest or inputs.digest != state.inputs:
+    if inputs is not NO_INPUTS and (not inputs.digest or inputs.digest != state.inputs):
         _check_inputs(inputs)
     return state
 

@@ -20,7 +20,7 @@ from render_service.protocol.chat import ChatCompletionRequest
 from render_service.protocol.derender import RawField, TokenId
 from render_service.validation import convert, decode_field
 
-__all__ = ["INPUTS_DIGEST_SIZE", "Check", "StreamInputs", "no_check"]
+__all__ = ["INPUTS_DIGEST_SIZE", "NO_INPUTS", "Check", "StreamInputs", "no_check"]
 
 #: Bytes of the inputs' digest a stream state keeps. A match only lets a call skip validating
 #: bytes it then ignores (the state decides the parse), so a forged match gains nothing; 8 bytes
@@ -129,6 +129,10 @@ class StreamInputs:
         """Decode and validate both, raising what a first call would raise for them."""
         self.prompt_ids()
         self.chat_request()
+
+
+#: A lean call's inputs (neither sent): shared, since with nothing to decode none is ever stored.
+NO_INPUTS: Final = StreamInputs()
 
 
 def _present(raw: RawField) -> bytes:
