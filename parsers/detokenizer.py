@@ -79,6 +79,9 @@ class Detokenizer:
 
     def step(self, state: DetokState, new_ids: Sequence[int]) -> tuple[DetokState, str]:
         """Feed output ids; return the new state and the text they complete."""
+        if len(new_ids) == 1 and self._is_kept(new_ids[0]):  # a streamed chunk, mostly
+            window, read, text = self._advance([*state.window, new_ids[0]], state.read_offset)
+            return DetokState(window=tuple(window), read_offset=read), text
         window = list(state.window)
         read = state.read_offset
         pieces: list[str] = []
@@ -104,6 +107,13 @@ class Detokenizer:
         skipped = self.special_ids if self.skip_special_tokens else frozenset()
         size = self.vocab_size
         return [i for i in ids if i not in skipped and (size is None or 0 <= i < size)]
+
+    def _is_kept(self, token_id: int) -> bool:
+        """``_kept`` of one id."""
+        if self.skip_special_tokens and token_id in self.special_ids:
+            return False
+        size = self.vocab_size
+        return size is None or 0 <= token_id < size
 
     def _advance(self, window: list[int], read: int) -> tuple[list[int], int, str]:
         """One step of vLLM's algorithm on a window that starts at the prefix offset.
