@@ -91,6 +91,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
         dict[str, Any] | None,
         Option("JSON object mapping reasoning_effort values to template kwargs", metavar="JSON"),
     ] = None
+    known_chat_templates: Annotated[
+        bool,
+        Option(
+            "render the chat templates of Qwen3 and Qwen2.5 (recognized by their exact text) "
+            "with equivalent plain Python; anything it does not cover still goes through the "
+            "template"
+        ),
+    ] = True
     trust_request_chat_template: Annotated[
         bool, Option("let requests carry their own chat template")
     ] = False

@@ -37,6 +37,7 @@ import jinja2.sandbox
 import jinja2.utils
 
 from render_service.caches import ByteLRU
+from render_service.model.known_templates import KnownTemplate, usable
 from render_service.settings import DEFAULTS
 
 __all__ = ["ChatEnvironment", "compile_template", "render_chat"]
@@ -296,9 +297,13 @@ def render_chat(
     tools: list[Any] | None,
     special_tokens: Mapping[str, Any],
     kwargs: dict[str, Any],
+    known: KnownTemplate | None = None,
 ) -> str:
     """The prompt text, as ``apply_chat_template(conversation, tools, chat_template=template,
-    tokenize=False, **special_tokens, **kwargs)`` renders it (same errors and messages)."""
+    tokenize=False, **special_tokens, **kwargs)`` renders it (same errors and messages).
+
+    ``known``: the template's plain-Python renderer (known_templates), used where it covers
+    the conversation."""
     kwargs = dict(kwargs)
     for name in _BOUND_PARAMETERS & kwargs.keys():
         raise TypeError(
@@ -343,6 +348,10 @@ def render_chat(
     variables = _plain({**special_tokens, **kwargs})
     plain = _is_plain(conversation)
     chat = [_message(m, plain) for m in conversation]
+    if known is not None and not continue_final and usable(kwargs, special_tokens):
+        text = known(chat, _plain(tools), add_generation_prompt, variables)
+        if text is not None:
+            return text
     final_text: Any = None
     if continue_final:
         final_text = _tag_final_message(chat, continue_final, template)

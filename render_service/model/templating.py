@@ -21,6 +21,7 @@ import msgspec
 from render_service.caches import ByteLRU
 from render_service.errors import InvalidRequest
 from render_service.model import chat_jinja
+from render_service.model.known_templates import KnownTemplate
 from render_service.model.sandbox import TemplateSandbox
 from render_service.protocol.chat import IMAGE_PART_TYPES, ChatCompletionRequest
 from render_service.protocol.tokenize import TokenizeChatRequest
@@ -254,12 +255,13 @@ def apply_template(
     tools: list[dict[str, Any]] | None,
     kwargs: dict[str, Any],
     sandbox: TemplateSandbox | None = None,
+    known: KnownTemplate | None = None,
 ) -> str:
     """Render the prompt text; template errors become 400s with the template's message.
 
     ``special_tokens`` is the tokenizer's special-token map (the template sees each as a
     variable). With a ``sandbox`` (for per-request templates) the render runs in a killable
-    child process.
+    child process; ``known`` is the template's plain-Python renderer (known_templates), if any.
     """
     if "chat_template" in kwargs or "tokenize" in kwargs:
         raise InvalidRequest("chat_template_kwargs must not set 'chat_template' or 'tokenize'")
@@ -271,7 +273,9 @@ def apply_template(
             )
         return sandbox.render(template, conversation, tools, {**special_tokens, **call_kwargs})
     try:
-        return chat_jinja.render_chat(template, conversation, tools, special_tokens, call_kwargs)
+        return chat_jinja.render_chat(
+            template, conversation, tools, special_tokens, call_kwargs, known
+        )
     except jinja2.TemplateError as exc:
         raise InvalidRequest(str(exc)) from exc
     except (

@@ -263,6 +263,8 @@ def prompt_text(
         tools,
         template_kwargs,
         sandbox=renderer.template_sandbox if untrusted else None,
+        # Without a template of the request's own, the template is the model's.
+        known=None if untrusted else renderer.known_template,
     )
 
 

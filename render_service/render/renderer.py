@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Self
 from render_service.apis import messages as messages_api
 from render_service.caches import CacheSize
 from render_service.errors import InvalidRequest
-from render_service.model import chat_jinja, templating
+from render_service.model import chat_jinja, known_templates, templating
 from render_service.model.loading import Model, load_chat_template_arg, load_model
 from render_service.model.parser_setup import ParsingSetup
 from render_service.model.sandbox import TemplateSandbox
@@ -51,6 +51,10 @@ class Renderer:
         templating.TEMPLATE_FACTS.resize(settings.small_cache_bytes)
         chat_jinja.COMPILED.resize(settings.small_cache_bytes)
         template = model.info.chat_template
+        # The model's own template in plain Python when it is one we know exactly.
+        self.known_template = (
+            known_templates.known_template(template) if settings.known_chat_templates else None
+        )
         self.content_format = (
             settings.chat_template_content_format
             if settings.chat_template_content_format != "auto"
