@@ -17,6 +17,7 @@ a frozen, tagged, small Struct that msgspec serializes as json and msgpack.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import ClassVar, Literal, TypeAlias
 
@@ -311,11 +312,41 @@ def prompt_closes_reasoning(config: ReasoningFamily, prompt_token_ids: Sequence[
         return False
     # An unclosed tool-call start after the last reasoning start: the last tool start comes
     # after both the last reasoning start and the last tool end. Searched in C, not per id.
-    backwards = list(reversed(prompt_token_ids))
-    last_tool_start = _last_index(backwards, config.tool_start_id)
-    return last_tool_start > max(
-        _last_index(backwards, start), _last_index(backwards, config.tool_end_id)
+    tool_start, reasoning_start, tool_end = _last_indices(
+        prompt_token_ids, (config.tool_start_id, start, config.tool_end_id)
     )
+    return tool_start > max(reasoning_start, tool_end)
+
+
+def _last_indices(ids: Sequence[int], token_ids: tuple[int | None, ...]) -> list[int]:
+    """Index of the last occurrence of each of ``token_ids`` in ``ids`` (-1: absent or None).
+
+    The ids are packed as 32-bit words once and each id found by a byte search from the end
+    (a match must start on a word boundary): a list's own search compares Python ints one by
+    one, ~0.1 ms per id over a 4k-token prompt. Ids that do not fit 32 bits take that path.
+    """
+    try:
+        data = array("I", ids).tobytes()
+    except (OverflowError, TypeError):
+        backwards = list(reversed(ids))
+        return [_last_index(backwards, token_id) for token_id in token_ids]
+    found = []
+    for token_id in token_ids:
+        at = -1
+        if token_id is not None and 0 <= token_id <= _UINT32_MAX:
+            needle = array("I", (token_id,)).tobytes()
+            end = len(data)
+            while (pos := data.rfind(needle, 0, end)) >= 0:
+                if pos % _WORD == 0:
+                    at = pos // _WORD
+                    break
+                end = pos + _WORD - 1  # only matches starting before this misaligned one
+        found.append(at)
+    return found
+
+
+_WORD = array("I").itemsize
+_UINT32_MAX = 2**32 - 1
 
 
 def _last_index(backwards: list[int], token_id: int | None) -> int:

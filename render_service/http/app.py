@@ -58,11 +58,12 @@ def build_app(renderer: Renderer) -> Starlette:
         finally:
             service.close()
 
-    # The streaming derender endpoints answer once per generated chunk: they skip the router.
+    # The streaming derender endpoints answer once per generated chunk, chat render once per
+    # request at thousands per second: they skip the router.
     direct = {
         route.path: route.endpoint
         for route in routes
-        if route.path.startswith("/v1/chat/completions/derender")
+        if route.path.startswith(("/v1/chat/completions/derender", "/v1/chat/completions/render"))
     }
     app = Starlette(
         routes=routes,

@@ -90,74 +90,64 @@ def structured_outputs(
 def verify_sampling(
     n: int, sampling: dict[str, Any], min_tokens: int, max_tokens: int, max_n: int
 ) -> None:
-    """SamplingParams' own range checks, with vLLM's messages."""
-    checks = (
-        (n < 1, "n", f"n must be at least 1, got {n}.", n),
-        (
-            n > max_n,
+    """SamplingParams' own range checks, with vLLM's messages (built only for a failure)."""
+    failure = _sampling_failure(n, sampling, min_tokens, max_tokens, max_n)
+    if failure is not None:
+        param, message, value = failure
+        raise invalid_param(message, param, value)
+
+
+def _sampling_failure(
+    n: int, sampling: dict[str, Any], min_tokens: int, max_tokens: int, max_n: int
+) -> tuple[str, str, Any] | None:
+    """The first failed check as (param, message, value), in SamplingParams' order."""
+    if n < 1:
+        return "n", f"n must be at least 1, got {n}.", n
+    if n > max_n:
+        return (
             "n",
             f"n must be at most {max_n}, got {n}. To increase this limit, set the "
             "VLLM_MAX_N_SEQUENCES environment variable.",
             n,
-        ),
-        (
-            not -2.0 <= sampling["presence_penalty"] <= 2.0,
-            "presence_penalty",
-            f"presence_penalty must be in [-2, 2], got {sampling['presence_penalty']}.",
-            sampling["presence_penalty"],
-        ),
-        (
-            not -2.0 <= sampling["frequency_penalty"] <= 2.0,
-            "frequency_penalty",
-            f"frequency_penalty must be in [-2, 2], got {sampling['frequency_penalty']}.",
-            sampling["frequency_penalty"],
-        ),
-        (
-            not sampling["repetition_penalty"] > 0.0,
+        )
+    value = sampling["presence_penalty"]
+    if not -2.0 <= value <= 2.0:
+        return "presence_penalty", f"presence_penalty must be in [-2, 2], got {value}.", value
+    value = sampling["frequency_penalty"]
+    if not -2.0 <= value <= 2.0:
+        return "frequency_penalty", f"frequency_penalty must be in [-2, 2], got {value}.", value
+    value = sampling["repetition_penalty"]
+    if not value > 0.0:
+        return (
             "repetition_penalty",
-            f"repetition_penalty must be greater than zero, got {sampling['repetition_penalty']}.",
-            sampling["repetition_penalty"],
-        ),
-        (
-            not sampling["temperature"] >= 0.0,
-            "temperature",
-            f"temperature must be non-negative, got {sampling['temperature']}.",
-            sampling["temperature"],
-        ),
-        (
-            not 0.0 < sampling["top_p"] <= 1.0,
-            "top_p",
-            f"top_p must be in (0, 1], got {sampling['top_p']}.",
-            sampling["top_p"],
-        ),
-        (
-            sampling["top_k"] is not None and sampling["top_k"] < -1,
-            "top_k",
-            f"top_k must be 0 (disable), or at least 1, got {sampling['top_k']}.",
-            sampling["top_k"],
-        ),
-        (
-            not 0.0 <= sampling["min_p"] <= 1.0,
-            "min_p",
-            f"min_p must be in [0, 1], got {sampling['min_p']}.",
-            sampling["min_p"],
-        ),
-        (
-            min_tokens < 0,
+            f"repetition_penalty must be greater than zero, got {value}.",
+            value,
+        )
+    value = sampling["temperature"]
+    if not value >= 0.0:
+        return "temperature", f"temperature must be non-negative, got {value}.", value
+    value = sampling["top_p"]
+    if not 0.0 < value <= 1.0:
+        return "top_p", f"top_p must be in (0, 1], got {value}.", value
+    value = sampling["top_k"]
+    if value is not None and value < -1:
+        return "top_k", f"top_k must be 0 (disable), or at least 1, got {value}.", value
+    value = sampling["min_p"]
+    if not 0.0 <= value <= 1.0:
+        return "min_p", f"min_p must be in [0, 1], got {value}.", value
+    if min_tokens < 0:
+        return (
             "min_tokens",
             f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
             min_tokens,
-        ),
-        (
-            min_tokens > max_tokens,
+        )
+    if min_tokens > max_tokens:
+        return (
             "min_tokens",
             f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
             min_tokens,
-        ),
-    )
-    for failed, param, message, value in checks:
-        if failed:
-            raise invalid_param(message, param, value)
+        )
+    return None
 
 
 def build_sampling_params(

@@ -15,6 +15,8 @@ from typing import ClassVar
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from parsers import (
     ChatParser,
@@ -28,7 +30,15 @@ from parsers import (
     ToolCallStart,
     tool_call_id,
 )
-from parsers.family import ChatFamily, Family, FamilyState, Marker, ReasoningFamily, ToolFamily
+from parsers.family import (
+    ChatFamily,
+    Family,
+    FamilyState,
+    Marker,
+    ReasoningFamily,
+    ToolFamily,
+    _last_indices,
+)
 from tests.parsers import _golden as g
 
 THINK, END_THINK = 1, 2
@@ -460,3 +470,31 @@ def test_a_chat_family_without_tools_and_without_reasoning() -> None:
     parser = ChatParser.build(EchoChat(), None, ParseRequest(include_reasoning=False))
     assert message(parse(parser, [["x"]])) == (None, "x!", [])
     assert parser.reasoning_ended([1]) is True  # include_reasoning false: always ended
+
+
+_IDS = st.lists(
+    st.one_of(
+        st.sampled_from([0, 1, 5, 256, 257, 65536, 65537, 1 << 24, (1 << 24) | 5, 2**32 - 1]),
+        st.integers(0, 2**32 - 1),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.one_of(_IDS, _IDS.map(lambda ids: [*ids, -1]), _IDS.map(lambda ids: [*ids, 2**40])),
+    st.lists(
+        st.one_of(st.none(), st.sampled_from([0, 1, 5, 256, 65537, 2**32 - 1, -1])), max_size=3
+    ),
+)
+def test_last_indices_are_the_last_positions_of_each_id(
+    ids: list[int], token_ids: list[int | None]
+) -> None:
+    """The byte search over packed ids (misaligned matches skipped) finds what a scan finds;
+    ids that do not fit 32 bits take the list's own search."""
+    expected = [
+        max((i for i, x in enumerate(ids) if x == t), default=-1) if t is not None else -1
+        for t in token_ids
+    ]
+    assert _last_indices(ids, tuple(token_ids)) == expected
