@@ -7,7 +7,7 @@ loading we have read in transformers' source and replicate here, we build them f
 ``tokenizers`` alone. Every other case (remote code, a class not on the list below, settings that
 make transformers change the backend in ways we do not replicate) goes through transformers.
 
-What transformers 5.16-5.23 does for the admitted kinds, and what this module does the same:
+What transformers 5.23 does for the admitted kinds (read in its source), and this module too:
 
 - **The class.** ``AutoTokenizer`` picks it from tokenizer_config.json's ``tokenizer_class`` and
   config.json's ``model_type`` (e.g. a ``LlamaTokenizerFast`` with a ByteLevel tokenizer.json
@@ -26,9 +26,11 @@ What transformers 5.16-5.23 does for the admitted kinds, and what this module do
   changes, and where tokenizer_config.json's ``added_tokens_decoder`` equals the file's added
   tokens.
 
-Read in transformers 5.23.0 (the version constraints.txt pins); the tests compare both loaders on
-every shared model directory with the installed transformers, so a release that loads differently
-fails them.
+Read in transformers 5.23.0 (the version constraints.txt pins). With another release installed
+(its version read from its ``__init__.py``, not imported) everything goes through transformers
+until that release is read and ``VERIFIED_TRANSFORMERS`` moves; the tests compare both loaders on
+every shared model directory, so they fail then, as they would for a release that loads
+differently.
 
 Refused here (transformers decides): truncation or padding in the file, ``split_special_tokens``,
 ``fix_mistral_regex``, ``auto_map`` or ``--trust-remote-code``, added_tokens.json or
@@ -39,9 +41,12 @@ model (for debugging a difference).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,8 @@ from tokenizers.models import BPE
 
 #: Set to "transformers" to load every tokenizer with transformers (the fast path is off).
 LOADER_ENV = "RENDER_SERVICE_TOKENIZER_LOADER"
+#: The transformers releases whose loading this module replicates.
+VERIFIED_TRANSFORMERS = "5.23."
 
 # PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES: the named special tokens, in their order.
 SPECIAL_TOKEN_NAMES = (
@@ -124,12 +131,26 @@ def transformers_forced() -> bool:
     return os.environ.get(LOADER_ENV, "").strip().lower() == "transformers"
 
 
+@cache
+def installed_transformers() -> str | None:
+    """The installed transformers' version, read from its ``__init__.py`` (importing it is what
+    this module avoids); None when it is not installed or says no version."""
+    spec = importlib.util.find_spec("transformers")
+    if spec is None or spec.origin is None:
+        return None
+    with open(spec.origin, encoding="utf-8") as f:
+        match = re.search(r'^__version__ = "([^"]+)"', f.read(8192), re.MULTILINE)
+    return match.group(1) if match else None
+
+
 def load_without_transformers(
     path: Path, tokenizer_config: Mapping[str, Any], model_type: str | None
 ) -> HFTokenizer | None:
     """The tokenizer of ``path`` as transformers would load it, or None when that is not proven."""
     file = path / "tokenizer.json"
     if transformers_forced() or not file.is_file() or not tokenizer_config:
+        return None
+    if not (installed_transformers() or "").startswith(VERIFIED_TRANSFORMERS):
         return None
     kind = _VERIFIED.get((str(tokenizer_config.get("tokenizer_class")), str(model_type)))
     if kind is None or any(key in tokenizer_config for key in _REFUSED_KEYS):

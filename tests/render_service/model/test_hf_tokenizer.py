@@ -148,6 +148,19 @@ def test_the_special_token_names_are_transformers() -> None:
     )
 
 
+def test_another_transformers_release_goes_through_transformers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import transformers
+
+    assert hf_tokenizer.installed_transformers() == transformers.__version__
+    directory = model_dir("qwen3")
+    config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert hf_tokenizer.load_without_transformers(directory, config, "qwen3") is not None
+    monkeypatch.setattr(hf_tokenizer, "VERIFIED_TRANSFORMERS", "5.99.")
+    assert hf_tokenizer.load_without_transformers(directory, config, "qwen3") is None
+
+
 def test_no_hub_id_pattern_can_match_a_local_path() -> None:
     """AutoTokenizer sends some hub ids to the generic class by their name; we always load a
     local path (absolute), which none of those patterns can match."""
