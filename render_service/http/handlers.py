@@ -68,6 +68,7 @@ _SEED_HEADER = "x-derender-seed"
 # own template and no images runs on the event loop: handing it to the worker thread costs more
 # CPU than it saves, and the two threads then take turns on the GIL at every system call.
 _INLINE_RENDER_BYTES = 16384
+_CACHE_GAUGE_INTERVAL_S = 1.0
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
@@ -154,6 +155,9 @@ class Service:
         self.limits = Limits.from_settings(self.settings)
         key = self.settings.api_key
         self.api_key = ApiKey(key) if key else None
+        #: Seconds between cache-gauge refreshes after streaming derender calls.
+        self.cache_gauge_interval = _CACHE_GAUGE_INTERVAL_S
+        self._cache_gauges_due = 0.0
 
     def close(self) -> None:
         """Stop the worker pool and everything the renderer started."""
@@ -231,6 +235,14 @@ class Service:
             self.derenderer.streams.constants.size(),
             self.derenderer.machine.texts.cache.size(),
         ]
+
+    def _observe_caches_now_and_then(self) -> None:
+        """The cache gauges after a streaming derender call, at most once per interval: a
+        chunk is too small a request to pay a refresh (~5 µs) every time."""
+        now = time.monotonic()
+        if now >= self._cache_gauges_due:
+            self._cache_gauges_due = now + self.cache_gauge_interval
+            metrics.observe_caches(self.caches())
 
     def guarded(self, handler: Handler) -> Handler:
         """``handler`` behind this server's API key and request timeout (http.errors.guarded)."""
@@ -331,6 +343,7 @@ class Service:
         else:
             result = await self.run(self.derenderer.derender_chat, body)
         metrics.observe_derender(body, self.derenderer.cache)
+        self._observe_caches_now_and_then()
         return MsgspecResponse(result)
 
     async def derender_chat_streams(self, request: Request) -> Response:
@@ -345,6 +358,7 @@ class Service:
             msgpack=content_type == MSGPACK,
         )
         metrics.observe_derender(body, self.derenderer.cache)
+        self._observe_caches_now_and_then()
         if MSGPACK in request.headers.get("accept", ""):
             return MsgpackResponse(result)
         return MsgspecResponse(result)

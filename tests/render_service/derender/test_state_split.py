@@ -223,3 +223,14 @@ def test_a_token_over_the_limit_is_refused_before_any_work(server: Setup) -> Non
     state = first_calls(client, prompt, output, "split-limit", calls=1)[-1]
     padded = state + "A" * 20_000
     assert_refused(continue_with(client, padded, output[1], "split-limit"), "limit")
+
+
+def test_streaming_derender_alone_keeps_the_cache_gauges_current(model_dir: Path) -> None:
+    client, _, prompt, output = setup(model_dir)
+    service = client.app.state.service  # type: ignore[attr-defined]
+    service.cache_gauge_interval = 0.0  # refresh after every call, so the check below is exact
+    first_calls(client, prompt, output, "gauges")
+    metrics = client.get("/metrics").text
+    entries = service.derenderer.cache.stats().size
+    assert entries > 0
+    assert f'render_service_cache_entries{{cache="stream_states"}} {float(entries)}' in metrics
