@@ -152,8 +152,10 @@ def build_conversation(
     as ``{"type": "image"}`` parts, or as the placeholder text before the message's text.
     """
     conversation = []
+    developer = False
     for index, message in enumerate(messages):
         role = message.get("role")
+        developer = developer or role == "developer"
         out: dict[str, Any] = {
             "role": "system" if role == "developer" and not developer_ok else role
         }
@@ -195,7 +197,7 @@ def build_conversation(
         if role == "developer" and not developer_ok:
             out.pop("tools", None)
         conversation.append(out)
-    if not developer_ok and any(m.get("role") == "developer" for m in messages):
+    if not developer_ok and developer:
         return _consolidate_system(conversation)
     return conversation
 

@@ -39,8 +39,6 @@ import tokenizers
 
 from render_service.model import fast_bpe
 
-# Stretches shorter than this are cheaper to encode again than to look up.
-_MIN_CACHED_CHARS = 64
 # A cached stretch's cost beyond its str and id array: dict slot, LRU links, tuple.
 _ENTRY_OVERHEAD = 160
 # Stretches longer than this are encoded as parts in parallel (about 2,000 tokens a part).
@@ -106,7 +104,9 @@ class SegmentEncoder:
         chunked: dict[str, list[str]] = {}
         with self._lock:
             for index, piece in enumerate(pieces):
-                if index % 2 == 1 or len(piece) < _MIN_CACHED_CHARS or piece in found:
+                # Short stretches too ("user\n", "\n"): an encoder call costs ~1.5-3 µs, a
+                # lookup ~0.2 µs.
+                if index % 2 == 1 or not piece or piece in found:
                     continue
                 if self._lookup(piece, found):
                     continue
@@ -120,8 +120,7 @@ class SegmentEncoder:
         # A chunked stretch's chunks not cached are encoded as runs of consecutive chunks.
         layouts = {piece: _layout(chunks, found) for piece, chunks in chunked.items()}
         runs = {run: chunks for _, piece_runs in layouts.values() for run, chunks in piece_runs}
-        short = [p for i, p in enumerate(pieces) if i % 2 == 0 and p and len(p) < _MIN_CACHED_CHARS]
-        batch = list(dict.fromkeys(missing + list(runs) + short))
+        batch = list(dict.fromkeys(missing + list(runs)))
         if batch:
             encoded = self._encode_many(batch)
             found.update(encoded)
