@@ -8,8 +8,9 @@ what each one protects.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import msgspec
 
@@ -88,7 +89,7 @@ def check_depth(value: Any, limit: int, param: str) -> None:
 def check_int64(body: msgspec.Struct) -> None:
     """Integer fields bound for the engine must fit its int64 (vLLM types seed and priority so);
     a client sending 2**70 gets a 400 here rather than an engine that cannot read the request."""
-    for name in body.__struct_fields__:
+    for name in _int_fields(type(body)):
         value = getattr(body, name)
         if isinstance(value, int) and not isinstance(value, bool):
             if not _INT64_MIN <= value <= _INT64_MAX:
@@ -97,6 +98,45 @@ def check_int64(body: msgspec.Struct) -> None:
             for item in value:
                 if isinstance(item, int) and not _INT64_MIN <= item <= _INT64_MAX:
                     raise _out_of_range(name, item)
+
+
+def _int_fields(type_: type[msgspec.Struct]) -> tuple[str, ...]:
+    """The fields of a body type that may hold an int or a list of ids, in order (found once
+    per type: a chat request has 64 fields, 15 of them such)."""
+    found = _INT_FIELDS_BY_TYPE.get(type_)
+    if found is None:
+        try:
+            fields = msgspec.structs.fields(type_)
+        except (NameError, TypeError):  # annotations that do not resolve: check every field
+            found = tuple(type_.__struct_fields__)
+        else:
+            found = tuple(
+                f.name for f in fields if f.name in _ID_LIST_FIELDS or _may_hold_int(f.type)
+            )
+        _INT_FIELDS_BY_TYPE[type_] = found  # one entry per body type: a bounded set
+    return found
+
+
+_INT_FIELDS_BY_TYPE: dict[type[msgspec.Struct], tuple[str, ...]] = {}
+
+
+def _may_hold_int(type_: Any) -> bool:
+    """False only for annotations that cannot hold an int (a str, float, bool, container or
+    Struct field, a Literal of no ints); anything unrecognized counts as an int."""
+    if type_ is Any or type_ is object:
+        return True
+    origin = get_origin(type_)
+    if origin is Annotated:
+        return _may_hold_int(get_args(type_)[0])
+    if origin is Union or origin is types.UnionType:
+        return any(_may_hold_int(arm) for arm in get_args(type_))
+    if origin is Literal:
+        return any(type(value) is int for value in get_args(type_))
+    if origin in (list, dict, tuple, set, frozenset):
+        return False
+    if isinstance(type_, type) and origin is None:
+        return issubclass(type_, int) and type_ is not bool
+    return type_ is not type(None)
 
 
 def _out_of_range(name: str, value: int) -> InvalidRequest:

@@ -4,6 +4,9 @@ and a request that outlives --request-timeout gets a clean 408 while the server 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import pkgutil
+import re
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +111,33 @@ def test_integers_must_fit_int64(field: str) -> None:
     with pytest.raises(InvalidRequest, match="64-bit"):
         check_int64(chat(**{field: 2**63}))
     check_int64(chat(**{field: 2**63 - 1}))
+
+
+def test_every_int_field_of_every_body_type_is_checked() -> None:
+    """check_int64 reads only the fields whose annotation may hold an int (found once per type):
+    each such field of each request body must be among them, and a big int in it refused."""
+    import render_service.protocol as protocol_package
+    from render_service.http.limits import _int_fields
+
+    bodies = [
+        t
+        for module in pkgutil.iter_modules(protocol_package.__path__)
+        for t in vars(importlib.import_module(f"render_service.protocol.{module.name}")).values()
+        if isinstance(t, type) and issubclass(t, msgspec.Struct) and t.__name__.endswith("Request")
+    ]
+    assert ChatCompletionRequest in bodies
+    for body in bodies:
+        for field in msgspec.structs.fields(body):
+            text = str(field.type)
+            if text.startswith(("dict[", "list[")):  # containers: only the id lists are read
+                continue
+            if field.type is Any or re.search(r"(^|\| )(int|typing\.Annotated\[int)\b", text):
+                assert field.name in _int_fields(body), (body.__name__, field.name)
+    for field in _int_fields(ChatCompletionRequest):
+        if field.endswith("_ids"):
+            continue
+        with pytest.raises(InvalidRequest, match="64-bit"):
+            check_int64(msgspec.structs.replace(chat(), **{field: 2**63}))
 
 
 def test_id_lists_must_fit_int64() -> None:
