@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -193,15 +194,28 @@ class Service:
                 content_type = value.decode("latin-1").split(";")[0].strip().lower()
             elif name == b"content-length":
                 declared = value
+        too_large = declared.isdigit() and int(declared) > self.max_body_bytes
         if content_type not in formats:
+            if not too_large:
+                # An answer sent before the whole body has arrived closes the connection
+                # (http.connections); read it first, so the client's next request finds it open.
+                with contextlib.suppress(BodyTooLarge):
+                    await self._read_body(request)
             allowed = " or ".join(f"'{f}'" for f in formats)
             raise SchemaError(
                 f"1 validation error:\n  Unsupported Media Type: Only {allowed} is allowed"
             )
         # The 413 goes out at once; the rest of the body is then dropped unread while the
         # connection closes (a lingering close, http.connections), so the client can read it.
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
+        if too_large:
             raise self._too_large()
+        data = await self._read_body(request)
+        if content_type == JSON and not data.isascii():
+            data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
+        return data, content_type
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body's ASGI messages joined, within --max-body-bytes."""
         chunks = []
         size = 0
         receive = request.receive
@@ -216,10 +230,7 @@ class Service:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        if content_type == JSON and not data.isascii():
-            data.decode("utf-8")  # vLLM answers invalid UTF-8 with its own 400 body
-        return data, content_type
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _too_large(self) -> BodyTooLarge:
         return BodyTooLarge(

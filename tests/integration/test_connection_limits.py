@@ -194,3 +194,22 @@ def test_pipelined_requests_get_their_answers_whole_and_in_order(server: Running
     assert b'"version"' in parts[1] and b'"version"' in parts[2], answer[:600]
     assert b'"version"' not in parts[3]
     assert_serves(server)
+
+
+def test_a_wrong_content_type_keeps_the_connection_when_the_body_comes_late(
+    server: RunningServer,
+) -> None:
+    # The body arrives after the headers: a 400 sent before it would close the connection.
+    body = b'{"messages": [{"role": "user", "content": "hi"}]}'
+    head = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(head % (CHAT.encode(), b"text/plain", len(body)))
+        time.sleep(0.5)
+        sock.sendall(body)
+        sock.sendall(head % (CHAT.encode(), b"application/json", len(body)) + body + request())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:300]
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 2, answer[:900]
+    assert b'"token_ids"' in answer
