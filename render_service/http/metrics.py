@@ -226,50 +226,47 @@ def observe_derender(body: Any, cache: Any) -> None:
         if total > seen[event]:
             _CACHE_EVENTS[event].inc(total - seen[event])
             seen[event] = total
-    # The gauge is written only when it changes (each write is a locked, maybe file, write).
-    if stats.size != _entries_set[0]:
-        PARSER_CACHE_ENTRIES.set(stats.size)
-        _entries_set[0] = stats.size
+    _parser_cache_entries.set(stats.size)
 
 
 def observe_caches(sizes: Iterable[CacheSize]) -> None:
     """Set each cache's size gauges (called after requests that may change them).
 
-    Each cache's two gauges are looked up once, and set only when the size moved: in
-    multiprocess mode every set is a locked write to this process's metrics file, and a
-    render used to pay 14 label lookups and 14 such writes for mostly unchanged sizes."""
+    Each cache's two gauges are looked up once, and set only when the size moved: a render
+    used to pay 14 label lookups and 14 locked writes for mostly unchanged sizes."""
     for size in sizes:
         gauges = _cache_gauges.get(size.name)
         if gauges is None:
-            gauges = _cache_gauges[size.name] = _CacheGauges(
-                CACHE_BYTES.labels(size.name), CACHE_ENTRIES.labels(size.name)
+            gauges = _cache_gauges[size.name] = (
+                _MovingGauge(CACHE_BYTES.labels(size.name)),
+                _MovingGauge(CACHE_ENTRIES.labels(size.name)),
             )
-        if size.bytes != gauges.bytes_value:
-            gauges.bytes.set(size.bytes)
-            gauges.bytes_value = size.bytes
-        if size.entries != gauges.entries_value:
-            gauges.entries.set(size.entries)
-            gauges.entries_value = size.entries
+        gauges[0].set(size.bytes)
+        gauges[1].set(size.entries)
 
 
-class _CacheGauges:
-    """One cache's size gauges and the values this process last set them to."""
+class _MovingGauge:
+    """A gauge written only when its value moves: in multiprocess mode every write is a locked
+    write to this process's metrics file."""
 
-    __slots__ = ("bytes", "bytes_value", "entries", "entries_value")
+    __slots__ = ("gauge", "value")
 
-    def __init__(self, bytes_gauge: Gauge, entries_gauge: Gauge) -> None:
-        self.bytes = bytes_gauge
-        self.entries = entries_gauge
-        self.bytes_value = -1
-        self.entries_value = -1
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self.value = -1  # never a size: the first set always writes
+
+    def set(self, value: int) -> None:
+        if value != self.value:
+            self.gauge.set(value)
+            self.value = value
 
 
-_cache_gauges: dict[str, _CacheGauges] = {}
+_cache_gauges: dict[str, tuple[_MovingGauge, _MovingGauge]] = {}
+_parser_cache_entries = _MovingGauge(PARSER_CACHE_ENTRIES)
 
 
 _CACHE_STATS_FIELDS = ("hits", "misses", "evictions", "expirations")
 _cache_seen: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
-_entries_set = [0]  # PARSER_CACHE_ENTRIES as last set by this process
 
 
 def pool_size(workers: int) -> None:

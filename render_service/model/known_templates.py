@@ -83,6 +83,19 @@ _TOOLS_OUTRO = (
 )
 
 
+def _tool_response(messages: list[Any], index: int, content: str) -> str:
+    """A tool message: consecutive ones share one user turn (both templates alike)."""
+    opens = index == 0 or messages[index - 1]["role"] != "tool"
+    closes = index == len(messages) - 1 or messages[index + 1]["role"] != "tool"
+    return (
+        ("<|im_start|>user" if opens else "")
+        + "\n<tool_response>\n"
+        + content
+        + "\n</tool_response>"
+        + ("<|im_end|>\n" if closes else "")
+    )
+
+
 def _qwen3_unwrap(call: dict[str, Any]) -> bool:
     # ``{%- if tool_call.function %}``: a truthy function replaces the call.
     return bool(call.get("function"))
@@ -158,11 +171,7 @@ def render_qwen3(
                     out.append("}\n</tool_call>")
             out.append("<|im_end|>\n")
         elif role == "tool":
-            if index == 0 or messages[index - 1]["role"] != "tool":
-                out.append("<|im_start|>user")
-            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
-            if index == final or messages[index + 1]["role"] != "tool":
-                out.append("<|im_end|>\n")
+            out.append(_tool_response(messages, index, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
         if variables.get("enable_thinking", True) is False:
@@ -194,7 +203,6 @@ def render_qwen25(
         out.append("<|im_start|>system\n" + system + "\n\n" + _TOOLS_INTRO + block + _TOOLS_OUTRO)
     else:
         out.append("<|im_start|>system\n" + system + "<|im_end|>\n")
-    final = len(messages) - 1
     for index, message in enumerate(messages):
         role, content = message["role"], message["content"]
         calls = message.get("tool_calls")
@@ -219,11 +227,7 @@ def render_qwen25(
                 out.append(_tojson(arguments) + "}\n</tool_call>")
             out.append("<|im_end|>\n")
         elif role == "tool":
-            if index == 0 or messages[index - 1]["role"] != "tool":
-                out.append("<|im_start|>user")
-            out.append("\n<tool_response>\n" + content + "\n</tool_response>")
-            if index == final or messages[index + 1]["role"] != "tool":
-                out.append("<|im_end|>\n")
+            out.append(_tool_response(messages, index, content))
     if add_generation_prompt:
         out.append("<|im_start|>assistant\n")
     return "".join(out)

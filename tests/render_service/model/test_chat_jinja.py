@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from render_service.model import chat_jinja
 from render_service.model.loading import _load_chat_template, read_json
 from tests.golden import MODELS, needs_shared
+from tests.render_service.model._templates import outcome, shared_template
 
 TEMPLATED_MODELS = sorted(
     p.name
@@ -32,20 +33,6 @@ def _tokenizer(name: str) -> Any:
     return AutoTokenizer.from_pretrained(str(MODELS / name), local_files_only=True)
 
 
-def _template(name: str) -> str:
-    path = MODELS / name
-    template = _load_chat_template(path, read_json(path / "tokenizer_config.json"))
-    assert template is not None
-    return template
-
-
-def _outcome(call: Any) -> tuple[str, str]:
-    try:
-        return ("text", str(call()))
-    except Exception as e:  # whatever either raises, the other must raise alike
-        return ("error", f"{type(e).__name__}: {e}")
-
-
 def _both(
     name: str,
     conversation: list[dict[str, Any]],
@@ -54,8 +41,8 @@ def _both(
     template: str | None = None,
 ) -> tuple[tuple[str, str], tuple[str, str]]:
     tok = _tokenizer(name)
-    template = template if template is not None else _template(name)
-    theirs = _outcome(
+    template = template if template is not None else shared_template(name)
+    theirs = outcome(
         lambda: tok.apply_chat_template(
             conversation=conversation,
             tools=tools,
@@ -65,7 +52,7 @@ def _both(
             **kwargs,
         )
     )
-    ours = _outcome(
+    ours = outcome(
         lambda: chat_jinja.render_chat(
             template, conversation, tools, dict(tok.special_tokens_map), kwargs
         )

@@ -4,7 +4,6 @@ the same ids through the whole render path with the renderers on and off."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import pytest
@@ -15,24 +14,10 @@ from render_service.model import chat_jinja, known_templates
 from render_service.model.loading import _load_chat_template, read_json
 from render_service.render import Renderer
 from tests.golden import MODELS, needs_shared
+from tests.render_service.model._templates import outcome, shared_template
 
 KNOWN = {"qwen3": known_templates.render_qwen3, "qwen2.5-instruct": known_templates.render_qwen25}
 SPECIAL_TOKENS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
-
-
-@functools.cache
-def _template(name: str) -> str:
-    path = MODELS / name
-    template = _load_chat_template(path, read_json(path / "tokenizer_config.json"))
-    assert template is not None
-    return template
-
-
-def _outcome(call: Any) -> tuple[str, str]:
-    try:
-        return ("text", str(call()))
-    except Exception as e:  # whatever one raises, the other must raise alike
-        return ("error", f"{type(e).__name__}: {e}")
 
 
 _TEXT = st.lists(
@@ -138,7 +123,7 @@ _KWARGS = _PLAIN_KWARGS | st.fixed_dictionaries(
 def test_a_known_renderer_gives_the_templates_text(
     name: str, conversation: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any]
 ) -> None:
-    template = _template(name)
+    template = shared_template(name)
     known = known_templates.known_template(template)
     assert known is KNOWN[name]
 
@@ -147,7 +132,7 @@ def test_a_known_renderer_gives_the_templates_text(
             template, conversation, tools, SPECIAL_TOKENS, dict(kwargs), renderer
         )
 
-    assert _outcome(lambda: render(known)) == _outcome(lambda: render(None))
+    assert outcome(lambda: render(known)) == outcome(lambda: render(None))
 
 
 @needs_shared
@@ -159,7 +144,7 @@ def test_plain_conversations_take_the_plain_python_path(
 ) -> None:
     """Conversations of the shapes the renderers cover: each one is rendered by the renderer
     (not the fallback), to the template's text."""
-    template = _template(name)
+    template = shared_template(name)
     known = KNOWN[name]
     texts: list[str | None] = []
 
@@ -201,7 +186,7 @@ def test_a_plain_conversation_is_covered(name: str) -> None:
         text = KNOWN[name](chat, tools, True, {**SPECIAL_TOKENS, **enable_thinking})
         assert text is not None
         assert text == chat_jinja.render_chat(
-            _template(name),
+            shared_template(name),
             conversation,
             tools,
             SPECIAL_TOKENS,
