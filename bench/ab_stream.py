@@ -27,10 +27,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import httpx
 import msgspec
 
-from bench import measure
+from bench import loadgen, measure
 from bench.plan import QUICK, Inputs
 from bench.servers import Server, free_port, load_average
 
@@ -61,7 +60,7 @@ def one_round(
     base = data.stream_base(QUICK.latency_sizes[0])
     ids = data.outputs[n]
     out: dict[str, float] = {}
-    with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+    with loadgen.Client(server.base_url, 600.0) as client:
         for lean in (False, True) if single else ():
             run = measure.stream_derender(
                 client, server.cpu_seconds, base, ids, lean, 600.0, f"chatcmpl-ab-{tag}-{lean}"

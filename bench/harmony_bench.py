@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench import measure, peer
+from bench import loadgen, measure, peer
 from bench.inputs import TOOLS, filler_text
 from bench.servers import Server, free_port
 
@@ -144,7 +144,7 @@ def main() -> int:
             runs: dict[str, measure.StreamRun] = {}
             for name, server in servers.items():
                 print(f"n={n} {name} ...", flush=True)
-                with httpx.Client(base_url=server.base_url, timeout=120) as client:
+                with loadgen.Client(server.base_url, 120) as client:
                     runs[name] = measure.stream_derender(
                         client, server.cpu_seconds, base, output, False, args.budget, f"gen-{n}"
                     )

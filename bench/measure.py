@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import msgspec
 
 from bench import loadgen
@@ -39,7 +38,7 @@ class Failure(Exception):
         self.outcome = outcome
 
 
-def outcome_of(response: httpx.Response, what: str) -> Outcome:
+def outcome_of(response: loadgen.Reply, what: str) -> Outcome:
     return _outcome(response.status_code, response.text, what)
 
 
@@ -51,10 +50,10 @@ def _outcome(status_code: int, text: str, what: str) -> Outcome:
     return Outcome(status, f"{what}: HTTP {status_code} {detail}")
 
 
-def post(client: httpx.Client, path: str, body: bytes, what: str) -> httpx.Response:
+def post(client: loadgen.Client, path: str, body: bytes, what: str) -> loadgen.Reply:
     try:
         response = client.post(path, content=body, headers=JSON)
-    except httpx.HTTPError as exc:
+    except loadgen.ClientError as exc:
         raise Failure(Outcome(ERROR, f"{what}: {type(exc).__name__} {exc}"[:200])) from exc
     if response.status_code != 200:
         raise Failure(outcome_of(response, what))
@@ -92,7 +91,7 @@ def same_body(body: bytes) -> Bodies:
 
 
 def time_requests(
-    client: httpx.Client,
+    client: loadgen.Client,
     cpu: CpuReader,
     path: str,
     bodies: Bodies,
@@ -284,7 +283,7 @@ class StreamRun(msgspec.Struct):
 
 
 def stream_derender(
-    client: httpx.Client,
+    client: loadgen.Client,
     cpu: CpuReader,
     base: dict[str, Any],
     ids: list[int],
@@ -321,7 +320,7 @@ def stream_derender(
         started = time.perf_counter()
         try:
             response = client.post(CHAT_DERENDER, content=body, headers=JSON)
-        except httpx.HTTPError as exc:
+        except loadgen.ClientError as exc:
             return StreamRun(Outcome(ERROR, f"call {i + 1}: {type(exc).__name__} {exc}"[:200]), i)
         if response.status_code != 200:
             outcome = outcome_of(response, f"call {i + 1}")
@@ -394,7 +393,7 @@ def multi_steps(streams: int, chunks: int, ids: int, least: int = 1) -> int:
 
 
 def multi_stream(
-    client: httpx.Client,
+    client: loadgen.Client,
     cpu: CpuReader,
     base: dict[str, Any],
     ids: list[int],
@@ -456,7 +455,7 @@ def multi_stream(
                             Outcome(ERROR, f"step {step}, stream {k}: {item.error}"[:200]), step
                         )
                     states[k] = item.stream_state
-        except httpx.HTTPError as exc:
+        except loadgen.ClientError as exc:
             return MultiRun(Outcome(ERROR, f"step {step}: {type(exc).__name__} {exc}"[:200]), step)
         if step and time.perf_counter() - t0 > budget_s and step < steps:
             note = f"cut at the {budget_s:.0f} s budget after {step} of {steps} steps"

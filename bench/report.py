@@ -218,8 +218,8 @@ def _latency_section(results: Results, notes: _Notes) -> list[str]:
     return [
         "## Render latency (POST /v1/chat/completions/render, one client)",
         "",
-        f"Requests per row: {', '.join(map(str, sorted(reps))) or '–'} after warm-up; with "
-        "fewer than 100 requests p99 is the slowest request. No two requests are the same (the "
+        f"Requests per row: {', '.join(map(str, sorted(reps))) or '–'} after warm-up, one at a "
+        "time on one keep-alive connection of the bench's raw client; with fewer than 100 requests p99 is the slowest request. No two requests are the same (the "
         'last user message ends with a new tag), so whole-request caches do not hit. "ids = HF '
         "template\": the untagged request rendered to the ids of transformers' "
         "`apply_chat_template`.",

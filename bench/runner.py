@@ -9,10 +9,9 @@ from __future__ import annotations
 import statistics
 import time
 
-import httpx
 import msgspec
 
-from bench import measure
+from bench import loadgen, measure
 from bench.measure import CHAT_DERENDER, CHAT_RENDER, Failure
 from bench.plan import Inputs, Plan, Progress, label
 from bench.results import (
@@ -52,7 +51,7 @@ class Runner:
         self.finals: dict[tuple[str, int], measure.FinalMessage] = {}
 
     def latency(self, name: str, server: Server) -> None:
-        with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+        with loadgen.Client(server.base_url, 300.0) as client:
             for size in self.plan.latency_sizes:
                 for tools in (False, True):
                     tokens = len(self.data.prompt_ids[(size, tools)])
@@ -92,7 +91,7 @@ class Runner:
         row = MultiTurnRow(name, turns, len(self.data.multi_turn_ids), Outcome())
         warm: list[float] = []
         cold: list[float] = []
-        with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+        with loadgen.Client(server.base_url, 300.0) as client:
             try:
                 for index in range(self.plan.multi_turn_conversations):
                     bodies = self.data.conversation_bodies(fresh=index > 0)
@@ -123,7 +122,7 @@ class Runner:
         size, n = self.plan.latency_sizes[0], self.plan.stream_n[0]
         render = self._noise_row(name, f"render {label(size)} chat, median latency", "ms")
         if render.outcome.ok:
-            with httpx.Client(base_url=server.base_url, timeout=300.0) as client:
+            with loadgen.Client(server.base_url, 300.0) as client:
                 try:
                     timing = measure.time_requests(
                         client,
@@ -139,7 +138,7 @@ class Runner:
                     render.outcome = failure.outcome
         stream = self._noise_row(name, f"streaming derender n={n}, server CPU", "s")
         if stream.outcome.ok:
-            with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+            with loadgen.Client(server.base_url, 600.0) as client:
                 run = measure.stream_derender(
                     client,
                     server.cpu_seconds,
@@ -198,7 +197,7 @@ class Runner:
         base = self.data.stream_base(size)
         history: list[tuple[int, float]] = []
         last_call_s: list[float] = []
-        with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+        with loadgen.Client(server.base_url, 600.0) as client:
             blocked: Outcome | None = None
             for n in self.plan.stream_n:
                 row = StreamRow(row_name, n, Outcome())
@@ -248,7 +247,7 @@ class Runner:
 
     def batches(self, name: str, server: Server) -> None:
         size = self.plan.latency_sizes[0]
-        with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+        with loadgen.Client(server.base_url, 600.0) as client:
             for n in self.plan.stream_n:
                 row = BatchRow(name, n, Outcome())
                 try:
@@ -274,7 +273,7 @@ class Runner:
         row_name = OURS_LEAN if lean else name
         n = self.plan.stream_n[0]
         ids = self.data.outputs[n][: self.plan.bytes_chunks]
-        with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+        with loadgen.Client(server.base_url, 600.0) as client:
             for size in self.plan.bytes_prompts:
                 base = self.data.stream_base(size)
                 run = measure.stream_derender(
@@ -306,7 +305,7 @@ class Runner:
         base = self.data.stream_base(self.plan.latency_sizes[0])
         ids = self.data.outputs[self.plan.stream_n[0]]
         modes = [(OURS, "json"), (OURS_MSGPACK, "msgpack"), (OURS_ONE_BY_ONE, "single")]
-        with httpx.Client(base_url=server.base_url, timeout=600.0) as client:
+        with loadgen.Client(server.base_url, 600.0) as client:
             for row_name, mode in modes if name == OURS else [(name, "single")]:
                 for streams in self.plan.multi_streams:
                     # One call per step costs little per chunk: such a row runs more steps, so
