@@ -17,12 +17,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import msgspec
 import uvicorn
 from starlette.applications import Starlette
 
 from render_service import __version__
+from render_service.http import listeners
 from render_service.settings import Settings
 
 # The path of the settings file the parent writes for its workers (the file, not the variable,
@@ -255,20 +257,24 @@ def serve(settings: Settings) -> None:
 
 
 def _run_uvicorn(settings: Settings, workers: int) -> None:
-    uvicorn.run(
-        "render_service.http.server:create_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=workers,
-        loop="uvloop",
+    app = "render_service.http.server:create_app"
+    options: dict[str, Any] = {
+        "factory": True,
+        "host": settings.host,
+        "port": settings.port,
+        "workers": workers,
+        "loop": "uvloop",
         # uvicorn's httptools protocol with header and connection limits.
-        http="render_service.http.connections:LimitedHttpToolsProtocol",
-        log_level=settings.log_level,
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        timeout_worker_healthcheck=WORKER_STARTUP_SECONDS,
-    )
+        "http": "render_service.http.connections:LimitedHttpToolsProtocol",
+        "log_level": settings.log_level,
+        "access_log": False,
+        "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_SECONDS,
+        "timeout_worker_healthcheck": WORKER_STARTUP_SECONDS,
+    }
+    if workers > 1 and listeners.available():
+        listeners.run_workers(uvicorn.Config(app, **options))
+    else:
+        uvicorn.run(app, **options)
 
 
 def startup_line(settings: Settings) -> str:
