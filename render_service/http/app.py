@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from render_service.derender import build_derenderer
 from render_service.http import metrics
+from render_service.http.direct import Direct
 from render_service.http.errors import Handler, http_error
 from render_service.http.handlers import Service
 from render_service.render import Renderer
@@ -65,16 +66,24 @@ def build_app(renderer: Renderer) -> Starlette:
         for route in routes
         if route.path.startswith(("/v1/chat/completions/derender", "/v1/chat/completions/render"))
     }
+    requests = metrics.RequestMetrics([r.path for r in routes])
     app = Starlette(
         routes=routes,
         exception_handlers={HTTPException: http_error},
         middleware=[
-            Middleware(metrics.MetricsMiddleware, endpoints=[r.path for r in routes]),
+            Middleware(metrics.MetricsMiddleware, requests=requests),
             Middleware(DirectRoutes, routes=direct),
         ],
         lifespan=lifespan,
     )
     app.state.service = service
+    # The same routes straight from the connection's protocol in the plain case (http.direct),
+    # except a chat render that may answer with image tensors sent in parts.
+    parts = renderer.multimodal is not None
+    app.state.direct = Direct(
+        {path: h for path, h in direct.items() if not (parts and path.endswith("/render"))},
+        requests,
+    )
     return app
 
 

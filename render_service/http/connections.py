@@ -26,16 +26,32 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import Any
 
 import msgspec
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import (
+    HEADER_VALUE_RE,
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
+from render_service.http import lifecycle
 from render_service.http.deadlines import Deadlines
+from render_service.http.direct import Direct
+from render_service.http.errors import Handler
 from render_service.protocol.server import ErrorInfo, ErrorResponse
 from render_service.settings import DEFAULTS, Settings
 
-__all__ = ["PROTOCOL", "ConnectionLimits", "LimitedHttpToolsProtocol", "configure"]
+__all__ = [
+    "PROTOCOL",
+    "ConnectionLimits",
+    "LimitedHttpToolsProtocol",
+    "configure",
+    "serve_directly",
+]
 
 #: What uvicorn is given as ``http``: this module's protocol class.
 PROTOCOL = "render_service.http.connections:LimitedHttpToolsProtocol"
@@ -71,6 +87,13 @@ class ConnectionLimits(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _limits = ConnectionLimits()
+# The app's direct routes (http.direct), None: every request goes the ASGI way.
+_direct: Direct | None = None
+# A request carrying one of these goes the ASGI way: a chunked or upgraded body, and the
+# headers uvicorn's proxy-headers middleware rewrites the client address or scheme from.
+_ASGI_HEADERS = frozenset(
+    {b"transfer-encoding", b"upgrade", b"x-forwarded-for", b"x-forwarded-proto"}
+)
 # Every connection's header deadline, on one loop timer (armed once per request otherwise).
 _header_deadlines: Deadlines | None = None
 
@@ -79,6 +102,13 @@ def configure(limits: ConnectionLimits) -> None:
     """Set this process's limits (the app factory calls it once, before uvicorn serves)."""
     global _limits
     _limits = limits
+
+
+def serve_directly(direct: Direct | None) -> None:
+    """Answer ``direct``'s routes from the protocol in the plain case (the app factory calls it
+    once, before uvicorn serves; None turns it off)."""
+    global _direct
+    _direct = direct
 
 
 class _Refused(Exception):
@@ -116,6 +146,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False
         self._discarded = 0
         self._cycle_transport: _CycleTransport | None = None
+        # A direct route's handler (http.direct), from the request's headers to its task.
+        self._direct_handler: Handler | None = None
         self.logger = _RefusalAwareLogger(self.logger, self)  # type: ignore[assignment]
 
     # ---- connections ----------------------------------------------------------------------
@@ -190,7 +222,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._awaiting_headers = False
         self._raw_header_bytes = 0
         self._cancel_header_timer()
+        self._direct_handler = self._direct_route()
         super().on_headers_complete()
+        self._direct_handler = None
         if self.cycle is not None:  # its task has not run yet: it sees only this transport
             self.cycle.transport = _CycleTransport(self.transport, self)  # type: ignore[assignment]
 
@@ -203,6 +237,97 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         self._awaiting_headers = True
         self._raw_header_bytes = 0
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        """Start a request's app, or for a direct route its handler without the app. uvicorn's
+        task wrapper runs either (its error handling, the task set a shutdown waits on)."""
+        handler = self._direct_handler
+        if handler is not None:
+            self._direct_handler = None
+            app = partial(self._serve_direct, cycle, handler)
+        super()._start_asgi_task(cycle, app)
+
+    # ---- direct routes (http.direct) ------------------------------------------------------
+
+    def _direct_route(self) -> Handler | None:
+        """The direct route's handler for the request whose headers just arrived, if it is the
+        plain case: an HTTP/1.1 POST to the exact path with a Content-Length body, no
+        Expect: 100-continue, no proxy headers, no request still being answered on this
+        connection (pipelining), no root path, not draining. Its body is read as the ASGI app
+        reads it (uvicorn's ``receive``), within the request timeout."""
+        direct = _direct
+        if direct is None:
+            return None
+        handler = direct.routes.get(self.url)
+        if (
+            handler is None
+            or self.expect_100_continue
+            or self.root_path
+            or self.limit_concurrency is not None
+            or (self.cycle is not None and not self.cycle.response_complete)
+            or self.parser.get_method() != b"POST"
+            or self.parser.get_http_version() != "1.1"
+            or lifecycle.draining()
+        ):
+            return None
+        length = False
+        for name, value in self.headers:
+            if name == b"content-length":
+                length = True
+            elif name in _ASGI_HEADERS:
+                return None
+            elif name == b"x-request-id" and HEADER_VALUE_RE.search(value):
+                return None  # uvicorn refuses to echo it: its error, the ASGI way
+        return handler if length else None
+
+    async def _serve_direct(
+        self,
+        cycle: RequestResponseCycle,
+        handler: Handler,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """The ASGI app uvicorn's task wrapper runs for a direct route's request."""
+        assert _direct is not None
+        await _direct.serve(handler, scope, receive, partial(self._answer, cycle))
+
+    async def _answer(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | memoryview,
+    ) -> None:
+        """Write a direct route's answer in one write, head as uvicorn writes it (its default
+        server and date headers, ``connection: close`` when the connection ends), and complete
+        the cycle as uvicorn's ``send`` does."""
+        if cycle.flow.write_paused and not cycle.disconnected:
+            await cycle.flow.drain()
+        if cycle.disconnected:
+            return
+        self._flush_held()  # nothing is, unless uvicorn wrote a 100 Continue
+        closes = False  # the response says connection: close itself
+        content = [STATUS_LINE[status]]
+        for name, value in (*cycle.default_headers, *headers):
+            if name == b"connection":
+                closes = closes or b"close" in [t.lower().strip() for t in value.split(b",")]
+            content += (name, b": ", value, b"\r\n")
+        keep_alive = cycle.keep_alive and not closes
+        if not keep_alive and not closes:
+            content.append(b"connection: close\r\n")
+        content.append(b"\r\n")
+        head = b"".join(content)
+        if len(body) <= _JOIN_BYTES:
+            self.transport.write(head + body)
+        else:  # no copy of a large body
+            self.transport.writelines((head, body))
+        cycle.response_started = cycle.response_complete = True
+        cycle.keep_alive = keep_alive
+        cycle.message_event.set()
+        if not keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
 
     # ---- helpers --------------------------------------------------------------------------
 

@@ -351,26 +351,84 @@ class AccessLine(msgspec.Struct):
 _ids = random.Random()
 
 
-def _request_id(scope: Scope) -> str:
+def request_id_of(scope: Scope) -> str:
+    """The request's ``X-Request-Id``, or a minted one."""
     for name, value in scope["headers"]:
         if name == b"x-request-id":
             return str(value.decode("latin-1"))
     return f"{_ids.getrandbits(64):016x}"  # vLLM's random ids are 16 hex digits too
 
 
-class MetricsMiddleware:
-    """Counts, times and logs every HTTP request and echoes its ``X-Request-Id``.
+class RequestMetrics:
+    """Counts, times and logs HTTP requests: what ``MetricsMiddleware`` does around an ASGI
+    request, and the protocol's direct routes (http.direct) around theirs.
 
     ``endpoints`` are the app's route paths; anything else is labelled ``unmatched`` so a scan of
     random URLs cannot blow up the label set.
     """
 
-    def __init__(self, app: ASGIApp, endpoints: Iterable[str]) -> None:
-        self.app = app
+    def __init__(self, endpoints: Iterable[str]) -> None:
         self.endpoints = frozenset(endpoints)
         # Label lookups cost more than the increments; every key here is from a bounded set.
         self._requests: dict[tuple[str, str, int], Any] = {}
         self._latency: dict[str, Any] = {}
+
+    def begin(self) -> float:
+        """A request starts: count it in flight; returns its start time."""
+        IN_FLIGHT.inc()
+        return time.perf_counter()
+
+    def end(
+        self,
+        scope: Scope,
+        start: float,
+        request_id: str,
+        status: int,
+        bytes_in: int,
+        bytes_out: int,
+    ) -> None:
+        """A request ended (answered, or failed with ``status``): count, time and log it."""
+        IN_FLIGHT.dec()
+        elapsed = time.perf_counter() - start
+        path: str = scope["path"]
+        endpoint = path if path in self.endpoints else _UNMATCHED
+        method = scope["method"] if scope["method"] in _METHODS else "other"
+        self._count(endpoint, method, status, elapsed)
+        stream = access_log.stream
+        if stream is not None and (access_log.probes or path not in _PROBES):
+            client = scope.get("client")
+            line = AccessLine(
+                ts=round(time.time(), 3),
+                request_id=request_id,
+                method=method,
+                path=path[:256],
+                status=status,
+                duration_ms=round(elapsed * 1000, 3),
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+                client=f"{client[0]}:{client[1]}" if client else None,
+            )
+            stream.write(_json.encode(line).decode() + "\n")
+
+    def _count(self, endpoint: str, method: str, status: int, elapsed: float) -> None:
+        key = (endpoint, method, status)
+        requests = self._requests.get(key)
+        if requests is None:
+            requests = self._requests[key] = REQUESTS.labels(endpoint, method, str(status))
+        requests.inc()
+        latency = self._latency.get(endpoint)
+        if latency is None:
+            latency = self._latency[endpoint] = LATENCY.labels(endpoint)
+        latency.observe(elapsed)
+
+
+class MetricsMiddleware:
+    """Counts, times and logs every HTTP request (``RequestMetrics``) and echoes its
+    ``X-Request-Id``."""
+
+    def __init__(self, app: ASGIApp, requests: RequestMetrics) -> None:
+        self.app = app
+        self.requests = requests
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -379,10 +437,7 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        start = time.perf_counter()
-        path: str = scope["path"]
-        endpoint = path if path in self.endpoints else _UNMATCHED
-        request_id = _request_id(scope)
+        request_id = request_id_of(scope)
         header = (b"x-request-id", request_id.encode("latin-1"))
         status = 500
         bytes_in = 0
@@ -403,40 +458,11 @@ class MetricsMiddleware:
                 bytes_out += len(message.get("body", b""))
             await send(message)
 
-        IN_FLIGHT.inc()
+        start = self.requests.begin()
         try:
             await self.app(scope, counting_receive, tagging_send)
         finally:
-            IN_FLIGHT.dec()
-            elapsed = time.perf_counter() - start
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            self._count(endpoint, method, status, elapsed)
-            stream = access_log.stream
-            if stream is not None and (access_log.probes or path not in _PROBES):
-                client = scope.get("client")
-                line = AccessLine(
-                    ts=round(time.time(), 3),
-                    request_id=request_id,
-                    method=method,
-                    path=path[:256],
-                    status=status,
-                    duration_ms=round(elapsed * 1000, 3),
-                    bytes_in=bytes_in,
-                    bytes_out=bytes_out,
-                    client=f"{client[0]}:{client[1]}" if client else None,
-                )
-                stream.write(_json.encode(line).decode() + "\n")
-
-    def _count(self, endpoint: str, method: str, status: int, elapsed: float) -> None:
-        key = (endpoint, method, status)
-        requests = self._requests.get(key)
-        if requests is None:
-            requests = self._requests[key] = REQUESTS.labels(endpoint, method, str(status))
-        requests.inc()
-        latency = self._latency.get(endpoint)
-        if latency is None:
-            latency = self._latency[endpoint] = LATENCY.labels(endpoint)
-        latency.observe(elapsed)
+            self.requests.end(scope, start, request_id, status, bytes_in, bytes_out)
 
 
 def _on_shutdown(receive: Receive) -> Receive:

@@ -57,6 +57,7 @@ def create_app() -> Starlette:
         raise
     tune_thread_switching(renderer.multimodal is not None)
     app = build_app(renderer)
+    connections.serve_directly(app.state.direct)
     tune_garbage_collection()
     # uvicorn calls this factory inside its capture_signals(), so its SIGTERM handler is in place
     # and /ready can turn 503 the moment the drain starts.
