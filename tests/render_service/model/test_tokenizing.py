@@ -142,3 +142,30 @@ def test_only_the_new_end_of_a_grown_stretch_is_encoded(encoders: list[SegmentEn
         assert 0 < sent <= 3 * 512
         ids, sent = _encoded_chars(encoder, question)
         assert (ids, sent) == (encoder.backend.encode(question, add_special_tokens=False).ids, 0)
+
+
+def test_a_long_stretch_seen_again_in_full_is_kept_whole(encoders: list[SegmentEncoder]) -> None:
+    document = " ".join(
+        f"Tool {i} takes a city and returns its weather in {i} ways." for i in range(40)
+    )
+    stretch = f"system\n{document}"
+    text = f"<|im_start|>{stretch}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    chunking = [e for e in encoders[::2] if "<|im_start|>" in e._ids]  # the tiktoken path
+    if not chunking:
+        pytest.skip("no ChatML tokenizer with the chunking path (../shared models absent)")
+    for encoder in chunking:
+        expected = encoder.backend.encode(text, add_special_tokens=False).ids
+        assert encoder.encode(text) == expected
+        assert stretch not in encoder._cache  # first seen: kept as chunks
+        assert encoder.encode(text) == expected
+        assert stretch in encoder._cache
+        ids, sent = _encoded_chars(encoder, text)
+        assert (ids, sent) == (expected, 0)
+
+
+def test_cached_ids_share_one_int_per_vocabulary_id(encoders: list[SegmentEncoder]) -> None:
+    for encoder in encoders:
+        encoder.encode("<|im_start|>user\nEvery cached list holds the shared ints<|im_end|>")
+        assert len(encoder) > 0
+        for _, ids in encoder._cache.values():
+            assert all(i is encoder._ints[i] for i in ids)
