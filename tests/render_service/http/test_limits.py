@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -43,6 +45,36 @@ def test_depth_is_measured_iteratively_even_far_past_the_recursion_limit() -> No
         check_depth(nested(100_000), 64, "x")
     check_depth(nested(63), 64, "x")
     check_depth(nested(100_000), 0, "x")  # 0 turns the check off
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of lists/dicts, recursively (the reference for small values)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=2), inner, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUES, limit=st.integers(1, 8))
+def test_depth_check_refuses_exactly_what_nests_deeper_than_the_limit(
+    value: Any, limit: int
+) -> None:
+    if _depth(value) > limit:
+        with pytest.raises(LimitExceeded, match="--max-json-depth"):
+            check_depth(value, limit, "x")
+    else:
+        check_depth(value, limit, "x")
 
 
 @pytest.mark.parametrize(
