@@ -52,7 +52,7 @@ def json_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-class ArgsWriter(msgspec.Struct, frozen=True, gc=False):
+class ArgsWriter(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """Where the JSON text of one call stands; at most one held typed value."""
 
     params: int = 0  # values opened so far

@@ -179,7 +179,7 @@ class EngineConfig(msgspec.Struct, frozen=True, dict=True):
         return self.spec.spellings
 
 
-class CallState(msgspec.Struct, frozen=True, gc=False):
+class CallState(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """The call being read: its name, the argument scanner and the JSON written so far."""
 
     index: int  # the index the call gets if it is streamed

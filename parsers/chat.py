@@ -47,7 +47,7 @@ else:
     CallState = registry.state_union()
 
 
-class ChatState(msgspec.Struct, frozen=True, gc=False):
+class ChatState(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """Everything a stream needs between chunks; never the history.
 
     Serializable with msgspec json and msgpack. New fields go last, with defaults.

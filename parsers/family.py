@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-class FamilyState(msgspec.Struct, frozen=True, gc=False):
+class FamilyState(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """Base of a family's stream state.
 
     A subclass sets a `tag=` unique among families and is named in its registry row, which

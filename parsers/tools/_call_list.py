@@ -36,7 +36,7 @@ _WHITESPACE = " \t\r\n"
 _MAX_HELD = 256
 
 
-class CallList(msgspec.Struct, frozen=True, gc=False):
+class CallList(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """State of one list: where it stands around its objects, and the open object.
 
     A family may subclass it with its own tag (its `FamilyState`); `scan` keeps the subclass.

@@ -36,8 +36,9 @@ from render_service.errors import StreamStateError
 __all__ = ["VERSION", "StateCodec", "check_token_version", "check_version", "random_secret"]
 
 #: Bumped whenever a state written by one build cannot be read by another (2: a stream state is
-#: a constant part signed once and a moving part bound to it, ``streams.py``).
-VERSION: Final = 2
+#: a constant part signed once and a moving part bound to it, ``streams.py``; 3: the parser
+#: states are msgpack arrays, not maps with their field names).
+VERSION: Final = 3
 
 _FLAG_DEFLATE: Final = 0x01
 _HEADER: Final = 2
