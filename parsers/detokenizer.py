@@ -80,16 +80,15 @@ class Detokenizer:
     def step(self, state: DetokState, new_ids: Sequence[int]) -> tuple[DetokState, str]:
         """Feed output ids; return the new state and the text they complete."""
         if len(new_ids) == 1 and self._is_kept(new_ids[0]):  # a streamed chunk, mostly
-            window, read, text = self._advance([*state.window, new_ids[0]], state.read_offset)
-            return DetokState(window=tuple(window), read_offset=read), text
-        window = list(state.window)
+            one, read, text = self._advance((*state.window, new_ids[0]), state.read_offset)
+            return DetokState(window=one, read_offset=read), text
+        window = state.window
         read = state.read_offset
         pieces: list[str] = []
         for token_id in self._kept(new_ids):
-            window.append(token_id)
-            window, read, text = self._advance(window, read)
+            window, read, text = self._advance((*window, token_id), read)
             pieces.append(text)
-        return DetokState(window=tuple(window), read_offset=read), "".join(pieces)
+        return DetokState(window=window, read_offset=read), "".join(pieces)
 
     def finish(self, state: DetokState) -> tuple[DetokState, str]:
         """Flush held-back text as a one-shot decode renders it (a cut character is U+FFFD)."""
@@ -115,11 +114,12 @@ class Detokenizer:
         size = self.vocab_size
         return size is None or 0 <= token_id < size
 
-    def _advance(self, window: list[int], read: int) -> tuple[list[int], int, str]:
+    def _advance(self, window: tuple[int, ...], read: int) -> tuple[tuple[int, ...], int, str]:
         """One step of vLLM's algorithm on a window that starts at the prefix offset.
 
         On emission the old read offset becomes the prefix offset, so the window is cut there:
-        what lies before it is never decoded again.
+        what lies before it is never decoded again. Windows are tuples: the state keeps one, and
+        decode callables take them without a copy.
         """
         prefix_text = self.decode(window[:read])
         full_text = self.decode(window)
@@ -131,7 +131,7 @@ class Detokenizer:
         return window[read:], boundary - read, text
 
     def _flush_point(
-        self, window: list[int], read: int, prefix_text: str, full_text: str
+        self, window: tuple[int, ...], read: int, prefix_text: str, full_text: str
     ) -> tuple[int, str]:
         """The latest boundary whose text later ids cannot change, and the text up to it."""
         for boundary in range(len(window) - _FLUSH_KEEP_IDS, read, -1):

@@ -15,7 +15,7 @@ from render_service.derender.assembly import chunk_usage, delta_parts, message_p
 from render_service.derender.inputs import NO_INPUTS, Check, StreamInputs, no_check
 from render_service.derender.machine import ChoiceState, OutputOptions
 from render_service.derender.stop_strings import StopStrings, refuse_in_stream
-from render_service.derender.streams import check_same_stream
+from render_service.derender.streams import CheckIn, check_same_stream
 from render_service.errors import (
     InvalidRequest,
     RenderServiceError,
@@ -206,10 +206,17 @@ class StreamCall(msgspec.Struct, frozen=True):
     seed: str | None = None
     #: The endpoint whose stream this is: its states are signed for it alone.
     kind: str = "chat"
+    #: The answers' ``created`` (a multi-stream call reads the clock once for all its items).
+    created: int | None = None
 
 
-def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStreamResponse], Any]:
-    """The derendered chunks of one call and the ``stream_state`` for the next."""
+def stream_call(
+    d: Derenderer, call: StreamCall, check_ins: list[CheckIn] | None = None
+) -> tuple[list[ChatCompletionStreamResponse], Any]:
+    """The derendered chunks of one call and the ``stream_state`` for the next.
+
+    ``check_ins``: where the state's parser-cache entry goes, for the caller to check in with
+    those of other calls (else it is checked in now)."""
     d.model.check_name(call.model)
     for chunk in call.chunks:  # every bound before any work
         if len(chunk.choices) > 1:
@@ -227,7 +234,7 @@ def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStr
         if not chunk.choices:
             request = call.inputs.chat_request()
             return_ids = request is not None and bool(request.return_token_ids)
-            outs.append(_stream_response(d, call, chunk, [], return_ids))
+            outs.append(_stream_response(d, *_answer_of(call), chunk, [], return_ids))
             continue
         if state is None:
             state = _load(d, call, chunk)
@@ -237,9 +244,9 @@ def stream_call(d: Derenderer, call: StreamCall) -> tuple[list[ChatCompletionStr
         finished = chunk.choices[0].finish_reason is not None
         # The request's return_token_ids is the state's: one request was checked against it.
         return_ids = call.inputs.has_chat_request and state.options.return_token_ids
-        outs.append(_stream_response(d, call, chunk, [choice], return_ids))
+        outs.append(_stream_response(d, *_answer_of(call), chunk, [choice], return_ids))
     if state is not None:
-        token = d.streams.store(state, finished, call.kind)
+        token = d.streams.store(state, finished, call.kind, check_ins)
     return outs, token
 
 
@@ -317,8 +324,27 @@ def derender_chat_streams(
         body.items if isinstance(body, DerenderChatStreamsRequest) else body
     )
     d.model.check_name(model)
+    created = now()
+    check_ins: list[CheckIn] = []
     results = []
     for item in items:
+        if (
+            isinstance(item, DerenderStreamItem)
+            and item.prompt_token_ids is msgspec.UNSET
+            and item.chat_request is msgspec.UNSET
+            and item.derender_seed is None
+            and isinstance(item.stream_state, str)
+            and len(item.generate_chunk.choices) == 1
+        ):
+            try:  # a running stream's lean item, most items of most calls
+                out, token = _lean_item(d, item, model, created, check_ins)
+            except RequestAbandoned:
+                raise
+            except RenderServiceError as exc:
+                results.append(StreamResult(error=_error_info(exc)))
+            else:
+                results.append(StreamResult(chunk=out, stream_state=token))
+            continue
         if isinstance(item, DerenderChatStreamRequest):
             item_model = item.model or model
             chunks = stream_chunks(item.generate_chunk, item.generate_chunks)
@@ -331,21 +357,43 @@ def derender_chat_streams(
             prompt_tokens=item.prompt_tokens,
             inputs=stream_inputs(item, check, msgpack),
             seed=item.derender_seed,
+            created=created,
         )
         try:
-            outs, token = stream_call(d, call)
+            outs, token = stream_call(d, call, check_ins)
         except RequestAbandoned:
             raise  # no one reads the other items' answers either
         except RenderServiceError as exc:
-            error = ErrorInfo(
-                message=exc.message, type=exc.error_type, param=exc.param, code=exc.status
-            )
-            results.append(StreamResult(error=error))
+            results.append(StreamResult(error=_error_info(exc)))
             continue
         for out in outs[:-1]:  # several generate chunks of one library item: all but the last
             results.append(StreamResult(chunk=out, stream_state=item.stream_state))
         results.append(StreamResult(chunk=outs[-1], stream_state=token))
+    d.streams.check_in(check_ins)
     return ChatDerenderStreams(items=results)
+
+
+def _lean_item(
+    d: Derenderer,
+    item: DerenderStreamItem,
+    model: str | None,
+    created: int,
+    check_ins: list[CheckIn],
+) -> tuple[ChatCompletionStreamResponse, str]:
+    """``stream_call`` of an item that continues a signed state with one choice and no inputs,
+    without what such an item never needs (its inputs, a fresh state, a chunk loop)."""
+    chunk = item.generate_chunk
+    generated = chunk.choices[0]
+    d.machine.check_choice(generated)
+    state = d.streams.load(item.stream_state, chunk, _no_fresh_state)
+    choice, state = _stream_choice(d, chunk, state)
+    finished = generated.finish_reason is not None
+    out = _stream_response(d, model, item.prompt_tokens, created, chunk, [choice], False)
+    return out, d.streams.store(state, finished, "chat", check_ins)
+
+
+def _error_info(exc: RenderServiceError) -> ErrorInfo:
+    return ErrorInfo(message=exc.message, type=exc.error_type, param=exc.param, code=exc.status)
 
 
 def derender_seed(
@@ -408,19 +456,26 @@ def _stream_choice(
     return out, msgspec.structs.replace(result.state, role_sent=True, logprob_context=context)
 
 
+def _answer_of(call: StreamCall) -> tuple[str | None, int | None, int]:
+    """What a call's answers take from it: model, prompt_tokens and created."""
+    return call.model, call.prompt_tokens, now() if call.created is None else call.created
+
+
 def _stream_response(
     d: Derenderer,
-    call: StreamCall,
+    model: str | None,
+    prompt_tokens: int | None,
+    created: int,
     chunk: GenerateChunk,
     choices: list[ChatCompletionResponseStreamChoice],
     return_ids: bool,
 ) -> ChatCompletionStreamResponse:
     return ChatCompletionStreamResponse(
         id=chunk.request_id,
-        created=now(),
-        model=call.model or d.model_name,
+        created=created,
+        model=model or d.model_name,
         choices=choices,
-        usage=chunk_usage(call.prompt_tokens, chunk),
+        usage=chunk_usage(prompt_tokens, chunk),
         prompt_token_ids=chunk.prompt_token_ids if return_ids else None,
         metrics=chunk.metrics,
     )

@@ -18,7 +18,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, Generic, TypeVar
 
 import msgspec
@@ -130,25 +130,34 @@ class ParserCache(Generic[V]):
     def check_in(self, key: bytes, value: V, size: int = 0) -> None:
         """Store ``value`` (about ``size`` bytes) at ``key``, replacing any entry, then sweep
         and evict to bound the count and the bytes. An entry over the whole budget is dropped."""
-        if self.max_entries == 0 or size > self.max_bytes:
+        self.check_in_many(((key, value, size),))
+
+    def check_in_many(self, items: Iterable[tuple[bytes, V, int]]) -> None:
+        """``check_in`` of each ``(key, value, size)`` in order, under one lock and one clock
+        reading (a multi-stream call checks in one entry per stream)."""
+        if self.max_entries == 0:
             return
         now = self._clock()
+        expires = now + self.ttl_seconds
         with self._lock:
             entries = self._entries
-            old = entries.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            entries[key] = (now + self.ttl_seconds, size, value)
-            self._bytes += size
-            for _ in range(_SWEEP):
-                oldest = next(iter(entries.values()))
-                if oldest[0] > now:
-                    break
-                self._bytes -= entries.popitem(last=False)[1][1]
-                self._expirations += 1
-            while len(entries) > self.max_entries or self._bytes > self.max_bytes:
-                self._bytes -= entries.popitem(last=False)[1][1]
-                self._evictions += 1
+            for key, value, size in items:
+                if size > self.max_bytes:
+                    continue
+                old = entries.pop(key, None)
+                if old is not None:
+                    self._bytes -= old[1]
+                entries[key] = (expires, size, value)
+                self._bytes += size
+                for _ in range(_SWEEP):
+                    oldest = next(iter(entries.values()))
+                    if oldest[0] > now:
+                        break
+                    self._bytes -= entries.popitem(last=False)[1][1]
+                    self._expirations += 1
+                while len(entries) > self.max_entries or self._bytes > self.max_bytes:
+                    self._bytes -= entries.popitem(last=False)[1][1]
+                    self._evictions += 1
 
     def longest_prefix(self, seed: bytes, history: Sequence[int]) -> tuple[int, V] | None:
         """Check out the entry at the longest cached prefix of ``history`` under ``seed``.

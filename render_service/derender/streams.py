@@ -45,6 +45,8 @@ _LIST_FIELDS = ("output_token_ids", "output_chunk_lens", "prev_tokens", "last_to
 STREAM_KINDS = ("chat", "completions", "messages", "responses")
 # (the kind, the signed moving part we issued, its decoded state)
 CachedState = tuple[str, str, ChoiceState]
+#: A parser-cache entry waiting to be checked in: (key, value, estimated bytes).
+CheckIn = tuple[bytes, CachedState, int]
 # The constant parts are signed with a key of their own, so neither part passes for the other.
 _FIXED_LABEL = b"render-service/stream_state/fixed"
 _HINT_CHARS = 32
@@ -98,8 +100,15 @@ class StreamStates:
         check_same_stream(state, chunk)
         return state
 
-    def store(self, state: ChoiceState, finished: bool, kind: str = "chat") -> str:
-        """The token for the client's next call; unfinished streams stay in the cache too.
+    def store(
+        self,
+        state: ChoiceState,
+        finished: bool,
+        kind: str = "chat",
+        check_ins: list[CheckIn] | None = None,
+    ) -> str:
+        """The token for the client's next call; unfinished streams stay in the cache too
+        (checked in now, or added to ``check_ins`` for the caller's ``check_in``).
 
         The constant part is signed on the stream's first store only; each store signs the
         moving part, bound to it."""
@@ -116,8 +125,17 @@ class StreamStates:
                 _PARAM,
             )
         if not finished:
-            self.cache.check_in(state.digest, (kind, moving, state), entry_bytes(size))
+            entry: CheckIn = (state.digest, (kind, moving, state), entry_bytes(size))
+            if check_ins is None:
+                self.cache.check_in(*entry)
+            else:
+                check_ins.append(entry)
         return f"{state.digest.hex()}.{sealed.token}.{moving}"
+
+    def check_in(self, entries: list[CheckIn]) -> None:
+        """Check in the entries of several ``store`` calls at once (one lock for all)."""
+        if entries:
+            self.cache.check_in_many(entries)
 
     def _seal(self, fixed: StreamFixed, kind: str) -> Sealed:
         token, tag = self.fixed_codecs[kind].seal(fixed)
@@ -139,8 +157,6 @@ class StreamStates:
                 f"stream_state is {len(token)} characters; the limit is {codec.max_bytes}", _PARAM
             )
         parts = token.split(".")
-        # An older build's token (one signed part after the hint) fails on its version first.
-        check_token_version(parts[-1])
         if len(parts) == 3:
             digest = _digest_of(parts[0])
             cached = self.cache.check_out(digest) if digest is not None else None
@@ -151,8 +167,10 @@ class StreamStates:
                 and cached[2].sealed is not None
                 and hmac.compare_digest(cached[2].sealed.token, parts[1])
             ):
-                return cached[2]
+                return cached[2]  # the token we issued: this build's version
             parts = parts[1:]
+        # An older build's token (one signed part after the hint) fails on its version first.
+        check_token_version(parts[-1])
         if len(parts) != 2:
             raise StreamStateError(
                 "stream_state failed verification: it is not a state this server issued (it has "

@@ -292,7 +292,11 @@ class Model:
         backend = self.hf_backend
 
         def decode(ids: Sequence[int]) -> str:
-            return str(backend.decode(list(ids), skip_special_tokens=False))
+            # A tuple or list goes as it is (the detokenizer's windows are tuples; converting
+            # them took a third of the call).
+            if not isinstance(ids, (tuple, list)):
+                ids = list(ids)
+            return str(backend.decode(ids, skip_special_tokens=False))
 
         return decode
 

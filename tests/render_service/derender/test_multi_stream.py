@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 
 from render_service import Renderer
 from render_service.protocol.derender import DerenderChatStreamRequest, GenerateChunk
-from tests.render_service.derender._streams import CHAT, chunk, same, setup, single_stream
+from tests.render_service.derender._streams import CHAT, PATH, chunk, same, setup, single_stream
 
 Setup = tuple[TestClient, Renderer, list[int], list[int]]
 STREAMS = "/v1/chat/completions/derender/streams"
@@ -124,6 +124,47 @@ def test_a_failing_item_gets_its_own_error_and_the_others_go_on(server: Setup) -
     assert "stop" in results[2]["error"]["message"].lower()
     assert "prompt_token_ids" in results[3]["error"]["message"]
     assert results[0]["chunk"]["choices"] == results[4]["chunk"]["choices"]
+
+
+def test_a_failing_lean_item_gets_the_error_of_its_single_stream_call(server: Setup) -> None:
+    """Items that continue a signed state without inputs (most items of a running step) take a
+    shorter path: each bad one gets the error a lean single-stream call gets, in order, and the
+    good items go on."""
+    client, _, prompt, output = server
+    request_id = "generate-tokens-lean-errors"
+    first = post(
+        client,
+        {
+            "items": [
+                {
+                    "generate_chunk": chunk(request_id, output[:1], False),
+                    "prompt_token_ids": prompt,
+                    "chat_request": CHAT,
+                }
+            ]
+        },
+    )
+    state = first[0]["stream_state"]
+    head, constant, moving = state.split(".")
+    flipped = moving[:5] + ("A" if moving[5] != "A" else "B") + moving[6:]
+    good = {"generate_chunk": chunk(request_id, output[1:2], False), "stream_state": state}
+    bad = [
+        {**good, "stream_state": "forged.state"},
+        {**good, "stream_state": f"{head}.{constant}.{flipped}"},
+        {**good, "stream_state": f"{constant}.{flipped}"},
+        {**good, "generate_chunk": chunk("generate-tokens-another", output[1:2], False)},
+        {**good, "generate_chunk": chunk(request_id, output[1:2], False, index=1)},
+        {**good, "generate_chunk": chunk(request_id, [0] * 10**6, False)},
+        {**good, "stream_state": 7},
+    ]
+    results = post(client, {"items": [*bad, good]})
+    for item, result in zip(bad, results, strict=False):
+        single = client.post(PATH, json={"stream": True, **item})
+        assert single.status_code == result["error"]["code"] >= 400, single.text
+        assert result["error"] == single.json()["error"]
+    assert sorted(results[-1]) == ["chunk", "stream_state"]
+    alone = single_stream(client, prompt, output[:3], "generate-tokens-lean-alone", lean=True)
+    assert same(results[-1]["chunk"]) == alone[1] | {"id": request_id}
 
 
 def test_the_whole_call_fails_on_the_wrong_model_or_a_bad_body(server: Setup) -> None:

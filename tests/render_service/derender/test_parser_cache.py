@@ -81,6 +81,19 @@ def test_lru_evicts_least_recently_checked_in() -> None:
     assert [cache.check_out(key(n)) for n in (1, 4, 5)] == ["1 again", "4", "5"]
 
 
+def test_check_in_many_is_check_in_of_each_in_order() -> None:
+    entries = [(key(n % 5), f"v{n}", 10 * n) for n in range(12)]
+    one, one_clock = make(max_entries=3)
+    many, many_clock = make(max_entries=3)
+    one.max_bytes = many.max_bytes = 150
+    for entry in entries:
+        one.check_in(*entry)
+    many.check_in_many(entries)
+    assert one.stats() == many.stats()
+    assert [one.check_out(key(n)) for n in range(5)] == [many.check_out(key(n)) for n in range(5)]
+    assert one_clock.now == many_clock.now
+
+
 def test_zero_entries_disables() -> None:
     cache, _ = make(max_entries=0)
     cache.check_in(key(1), "one")
