@@ -240,7 +240,8 @@ def stream_call(
             state = _load(d, call, chunk)
         else:
             check_same_stream(state, chunk)
-        choice, state = _stream_choice(d, chunk, state)
+        parser = d.machine.parser(state.parse_request, state.parser_key)
+        choice, state = _stream_choice(d, chunk, state, parser)
         finished = chunk.choices[0].finish_reason is not None
         # The request's return_token_ids is the state's: one request was checked against it.
         return_ids = call.inputs.has_chat_request and state.options.return_token_ids
@@ -326,6 +327,7 @@ def derender_chat_streams(
     d.model.check_name(model)
     created = now()
     check_ins: list[CheckIn] = []
+    parsers: dict[bytes, ChatParser | None] = {}
     results = []
     for item in items:
         if (
@@ -337,7 +339,7 @@ def derender_chat_streams(
             and len(item.generate_chunk.choices) == 1
         ):
             try:  # a running stream's lean item, most items of most calls
-                out, token = _lean_item(d, item, model, created, check_ins)
+                out, token = _lean_item(d, item, model, created, check_ins, parsers)
             except RequestAbandoned:
                 raise
             except RenderServiceError as exc:
@@ -379,14 +381,24 @@ def _lean_item(
     model: str | None,
     created: int,
     check_ins: list[CheckIn],
+    parsers: dict[bytes, ChatParser | None],
 ) -> tuple[ChatCompletionStreamResponse, str]:
     """``stream_call`` of an item that continues a signed state with one choice and no inputs,
-    without what such an item never needs (its inputs, a fresh state, a chunk loop)."""
+    without what such an item never needs (its inputs, a fresh state, a chunk loop).
+
+    ``parsers``: the call's parsers by parser key (streams of one request shape share one)."""
     chunk = item.generate_chunk
     generated = chunk.choices[0]
     d.machine.check_choice(generated)
     state = d.streams.load(item.stream_state, chunk, _no_fresh_state)
-    choice, state = _stream_choice(d, chunk, state)
+    key = state.parser_key
+    if key is None:
+        parser = d.machine.parser(state.parse_request)
+    elif key.digest in parsers:
+        parser = parsers[key.digest]
+    else:
+        parser = parsers[key.digest] = d.machine.parser(state.parse_request, key)
+    choice, state = _stream_choice(d, chunk, state, parser)
     finished = generated.finish_reason is not None
     out = _stream_response(d, model, item.prompt_tokens, created, chunk, [choice], False)
     return out, d.streams.store(state, finished, "chat", check_ins)
@@ -409,12 +421,15 @@ def derender_seed(
 
 
 def _stream_choice(
-    d: Derenderer, chunk: GenerateChunk, state: ChoiceState
+    d: Derenderer,
+    chunk: GenerateChunk,
+    state: ChoiceState,
+    parser: ChatParser | None,
 ) -> tuple[ChatCompletionResponseStreamChoice, ChoiceState]:
-    """One generate chunk of one choice -> the OpenAI stream choice and the next state."""
+    """One generate chunk of one choice -> the OpenAI stream choice and the next state
+    (``parser``: the state's parser)."""
     choice = chunk.choices[0]
     d.machine.check_chunk_length(state, choice)
-    parser = d.machine.parser(state.parse_request, state.parser_key)
     finished = choice.finish_reason is not None
     result = d.machine.step(state, choice, parser, finished=finished)
     options = state.options
