@@ -275,6 +275,7 @@ def _plain(value: Any) -> Any:
 
 # Names a message's reasoning goes by; templates read the first, gpt-oss's read "thinking".
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+_REASONING_KEYS = frozenset(_REASONING_FIELDS)
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 # vLLM calls apply_chat_template(conversation=..., tools=..., chat_template=..., tokenize=False,
 # return_dict=False, **kwargs): a kwarg of one of these names is a TypeError there; the other
@@ -285,6 +286,8 @@ _CONSUMED_PARAMETERS = ("padding", "truncation", "max_length", "return_tensors",
 
 def _message(message: dict[str, Any], plain: bool) -> dict[str, Any]:
     out = {k: v if plain else _plain(v) for k, v in message.items() if v is not None}
+    if _REASONING_KEYS.isdisjoint(out):  # most messages: no generator to set up
+        return out
     reasoning = next((out[k] for k in _REASONING_FIELDS if out.get(k) is not None), None)
     if reasoning is not None:
         out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
