@@ -33,8 +33,8 @@ def check_cache_salt(cache_salt: str | None) -> None:
 def check_messages(messages: list[dict[str, Any]]) -> None:
     """The message-shape rules of vLLM's ChatCompletionMessageParam union."""
     for index, message in enumerate(messages):
-        where = f"body.messages.{index}"
         if not isinstance(message.get("role"), str):
+            where = f"body.messages.{index}"
             raise SchemaError(
                 f"1 validation error:\n  {{'loc': '{where}.role', 'msg': 'Field required'}}",
                 f"{where}.role",
@@ -43,6 +43,7 @@ def check_messages(messages: list[dict[str, Any]]) -> None:
         if content is None and message["role"] in _CONTENT_OPTIONAL_ROLES:
             continue
         if not isinstance(content, (str, list)):
+            where = f"body.messages.{index}"
             raise SchemaError(
                 f"1 validation error:\n  {{'loc': '{where}.content', 'msg': 'Input should be a valid string or a list of content parts'}}",
                 f"{where}.content",
