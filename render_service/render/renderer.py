@@ -50,6 +50,7 @@ class Renderer:
         self.multimodal = media_pipeline(model.info.path, settings.model, settings)
         templating.TEMPLATE_FACTS.resize(settings.small_cache_bytes)
         chat_jinja.COMPILED.resize(settings.small_cache_bytes)
+        known_templates.TOOL_BLOCKS.resize(settings.small_cache_bytes)
         template = model.info.chat_template
         # The model's own template in plain Python when it is one we know exactly.
         self.known_template = (
@@ -100,7 +101,11 @@ class Renderer:
     def caches(self) -> list[CacheSize]:
         """The size of every per-process cache of this renderer and its derender setup."""
         segments = self.prompts.segments
-        sizes = [templating.TEMPLATE_FACTS.size(), chat_jinja.COMPILED.size()]
+        sizes = [
+            templating.TEMPLATE_FACTS.size(),
+            chat_jinja.COMPILED.size(),
+            known_templates.TOOL_BLOCKS.size(),
+        ]
         if segments is not None:  # none in Mistral mode (tekken encodes whole prompts)
             sizes.insert(0, CacheSize(name="segments", entries=len(segments), bytes=segments.bytes))
         if self.parsing is not None:

@@ -143,7 +143,14 @@ def test_every_cache_has_its_size_on_metrics(model_dir: Path) -> None:
     chat = {"messages": [{"role": "user", "content": distinct_text(1, 100)}]}
     assert client.post("/v1/chat/completions/render", json=chat).status_code == 200
     body = client.get("/metrics").text
-    names = ("segments", "templates", "compiled_templates", "parsers", "stream_states")
+    names = (
+        "segments",
+        "templates",
+        "compiled_templates",
+        "tool_blocks",
+        "parsers",
+        "stream_states",
+    )
     for name in (*names, "token_texts"):
         assert f'render_service_cache_bytes{{cache="{name}"}}' in body, name
         assert f'render_service_cache_entries{{cache="{name}"}}' in body, name

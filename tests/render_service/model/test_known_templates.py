@@ -239,3 +239,29 @@ def test_the_render_path_gives_the_same_ids_with_and_without_the_renderers(name:
     for extra in ({}, {"tools": tools}, {"chat_template_kwargs": {"enable_thinking": False}}):
         request = {"model": "m", "messages": messages, **extra}
         assert on.render_chat(request).token_ids == off.render_chat(request).token_ids
+
+
+def test_the_tools_json_is_kept_per_tool_set_and_tells_apart_what_prints_apart() -> None:
+    cache = known_templates.TOOL_BLOCKS
+    messages = [{"role": "user", "content": "hi"}]
+
+    def tools(default: Any) -> list[dict[str, Any]]:
+        parameters = {"type": "object", "default": default}
+        return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+    values = [1, 1.0, True, None, float("nan"), "1", 2**70, 1]
+    try:
+        cache.resize(0)  # off: every block rendered afresh
+        fresh = [known_templates.render_qwen3(messages, tools(v), True, {}) for v in values]
+        cache.resize(1 << 20)
+        kept = [known_templates.render_qwen3(messages, tools(v), True, {}) for v in values]
+        again = [known_templates.render_qwen3(messages, tools(v), True, {}) for v in values]
+        assert kept == again == fresh
+        assert len(set(fresh)) == len(values) - 1  # only the repeated 1 prints alike
+        assert len(cache) == len(values) - 2  # 2**70 has no msgpack key, 1 is kept once
+        cache.resize(2000)
+        for i in range(50):
+            known_templates.render_qwen3(messages, tools(f"value {i}" * 10), True, {})
+            assert cache.size().bytes <= 2000
+    finally:
+        cache.resize(16 * 1024 * 1024)
