@@ -59,13 +59,10 @@ def build_app(renderer: Renderer) -> Starlette:
         finally:
             service.close()
 
-    # The streaming derender endpoints answer once per generated chunk, chat render once per
-    # request at thousands per second: they skip the router.
-    direct = {
-        route.path: route.endpoint
-        for route in routes
-        if route.path.startswith(("/v1/chat/completions/derender", "/v1/chat/completions/render"))
-    }
+    # The streaming derender endpoints answer once per generated chunk, chat and completion
+    # render once per request at thousands per second: they skip the router.
+    hot = ("/v1/chat/completions/derender", "/v1/chat/completions/render", "/v1/completions/")
+    direct = {route.path: route.endpoint for route in routes if route.path.startswith(hot)}
     requests = metrics.RequestMetrics([r.path for r in routes])
     app = Starlette(
         routes=routes,
@@ -81,7 +78,7 @@ def build_app(renderer: Renderer) -> Starlette:
     # except a chat render that may answer with image tensors sent in parts.
     parts = renderer.multimodal is not None
     app.state.direct = Direct(
-        {path: h for path, h in direct.items() if not (parts and path.endswith("/render"))},
+        {p: h for p, h in direct.items() if not (parts and p == "/v1/chat/completions/render")},
         requests,
     )
     return app

@@ -33,6 +33,8 @@ MAX_BODY = 8192
 RENDER = "/v1/chat/completions/render"
 DERENDER = "/v1/chat/completions/derender"
 STREAMS = "/v1/chat/completions/derender/streams"
+COMPLETION = "/v1/completions/render"
+COMPLETION_DERENDER = "/v1/completions/derender"
 
 
 class Served:
@@ -259,26 +261,44 @@ def case(served: Served, name: str) -> bytes:
             content_type=b"application/msgpack",
             extra=b"accept: application/msgpack\r\nx-request-id: m\r\n",
         )
+    if name == "completion render":
+        return post(COMPLETION, b'{"prompt": ["one", "two three"]}')
+    if name == "completion render, bad prompt":
+        return post(COMPLETION, b'{"prompt": 7}')
+    if name == "completion derender, first chunk":
+        body = {
+            "stream": True,
+            "generate_chunk": chunk("cmpl-d", served.output[:2], False),
+            "prompt_token_ids": served.prompt,
+        }
+        return post(COMPLETION_DERENDER, json.dumps(body).encode())
+    if name == "completion derender, batch":
+        body = {"generate_responses": [chunk("cmpl-d", served.output, True)]}
+        return post(COMPLETION_DERENDER, json.dumps(body).encode())
     raise AssertionError(name)
 
 
-CASES = [
-    "render",
-    "render, no request id",
-    "render, empty messages",
-    "render, undecodable",
-    "render, invalid utf-8",
-    "render, text/plain",
-    "render, no key",
-    "render, wrong key",
-    "render, too large",
-    "render, connection close",
-    "derender, first chunk",
-    "derender, lean chunk",
-    "derender, forged state",
-    "streams, json",
-    "streams, msgpack",
-]
+CASES = {  # name: the status it gets
+    "render": 200,
+    "render, no request id": 200,
+    "render, empty messages": 400,
+    "render, undecodable": 400,
+    "render, invalid utf-8": 400,
+    "render, text/plain": 400,
+    "render, no key": 401,
+    "render, wrong key": 401,
+    "render, too large": 413,
+    "render, connection close": 200,
+    "derender, first chunk": 200,
+    "derender, lean chunk": 200,
+    "derender, forged state": 400,
+    "streams, json": 200,
+    "streams, msgpack": 200,
+    "completion render": 200,
+    "completion render, bad prompt": 400,
+    "completion derender, first chunk": 200,
+    "completion derender, batch": 200,
+}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -296,7 +316,7 @@ def test_a_direct_answer_is_the_asgi_answer(served: Served, name: str) -> None:
             for a in (direct, through_asgi)
         )
     assert normal(direct) == normal(through_asgi)
-    assert direct.startswith(b"HTTP/1.1 ")
+    assert direct.startswith(b"HTTP/1.1 %d " % CASES[name])
     assert b"\r\nserver: uvicorn\r\n" in direct
 
 
