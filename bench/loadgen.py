@@ -29,14 +29,7 @@ class Connection:
 
     async def send(self, request: bytes) -> tuple[int, bytes]:
         self._writer.write(request)
-        head = await self._reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        headers = {}
-        for line in lines[1:]:
-            if ":" in line:
-                key, value = line.split(":", 1)
-                headers[key.strip().lower()] = value.strip().lower()
+        status, headers = parse_head(await self._reader.readuntil(b"\r\n\r\n"))
         if "content-length" in headers:
             body = await self._reader.readexactly(int(headers["content-length"]))
         elif headers.get("transfer-encoding") == "chunked":
@@ -58,6 +51,17 @@ class Connection:
     async def close(self) -> None:
         self._writer.close()
         await self._writer.wait_closed()
+
+
+def parse_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """A response head's status and its header fields (names and values lower-cased)."""
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {}
+    for line in lines[1:]:
+        if ":" in line:
+            key, value = line.split(":", 1)
+            fields[key.strip().lower()] = value.strip().lower()
+    return int(lines[0].split(" ", 2)[1]), fields
 
 
 def post_request(base_url: str, path: str, body: bytes) -> bytes:
@@ -141,13 +145,7 @@ class Client:
             self._buffer = b""
         self._answered = False
         self._sock.sendall(request)
-        head = self._read_until(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split(" ", 2)[1])
-        fields = {}
-        for line in lines[1:]:
-            key, _, value = line.partition(":")
-            fields[key.strip().lower()] = value.strip().lower()
+        status, fields = parse_head(self._read_until(b"\r\n\r\n"))
         if "content-length" in fields:
             body = self._read_exactly(int(fields["content-length"]))
         elif fields.get("transfer-encoding") == "chunked":

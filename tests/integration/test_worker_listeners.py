@@ -43,23 +43,25 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
-def _listeners(port: int) -> dict[str, str]:
-    """inode -> local address of every listening TCP socket on ``port``."""
-    found = {}
+def _tcp_sockets() -> list[tuple[int, int, str, str]]:
+    """(local port, remote port, state, inode) of every IPv4 TCP socket."""
+    rows = []
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
-        local, state, inode = fields[1], fields[3], fields[9]
-        if state == "0A" and int(local.split(":")[1], 16) == port:
-            found[inode] = local
-    return found
+        local, remote = (int(address.split(":")[1], 16) for address in fields[1:3])
+        rows.append((local, remote, fields[3], fields[9]))
+    return rows
+
+
+def _listeners(port: int) -> set[str]:
+    """The inodes of the listening TCP sockets on ``port``."""
+    return {inode for local, _, state, inode in _tcp_sockets() if state == "0A" and local == port}
 
 
 def _server_side_inode(port: int, client_port: int) -> str | None:
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote = fields[1], fields[2]
-        if int(local.split(":")[1], 16) == port and int(remote.split(":")[1], 16) == client_port:
-            return fields[9]
+    for local, remote, _, inode in _tcp_sockets():
+        if local == port and remote == client_port:
+            return inode
     return None
 
 
@@ -72,10 +74,10 @@ def test_each_worker_listens_on_its_own_socket_and_both_get_connections(
             time.sleep(0.2)
         workers = _workers(server.process.pid)
         listening = _listeners(server.port)
-        owners = {pid: _socket_inodes(pid) & set(listening) for pid in workers}
+        owners = {pid: _socket_inodes(pid) & listening for pid in workers}
         # Two listening sockets, one in each worker; the supervisor's bound socket never listens.
         assert sorted(len(inodes) for inodes in owners.values() if inodes) == [1, 1]
-        assert not _socket_inodes(server.process.pid) & set(listening)
+        assert not _socket_inodes(server.process.pid) & listening
 
         served = {pid: 0 for pid in owners if owners[pid]}
         connections = []
